@@ -1,0 +1,41 @@
+# packer: the README's commands. `make demo` and `make test` work on a fresh machine.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint format bench sample clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[dev]" "$(TORCH_PIN)"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: setup
+	rm -rf out/demo
+	$(BIN)/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --max-len 2048 --output out/demo
+
+test: setup
+	$(BIN)/python -m pytest -n 2 -q
+
+lint: setup
+	$(BIN)/ruff check packer tests scripts
+	$(BIN)/ruff format --check packer tests scripts
+
+format: setup
+	$(BIN)/ruff format packer tests scripts
+	$(BIN)/ruff check --fix packer tests scripts
+
+bench: setup
+	$(BIN)/python scripts/bench_plan.py
+
+sample: setup
+	$(BIN)/python scripts/make_sample.py data/sample.jsonl.gz
+
+clean:
+	rm -rf out .pytest_cache .ruff_cache

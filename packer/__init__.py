@@ -1,0 +1,13 @@
+"""packer: offline sample packing for LLM training, with isolation you can verify."""
+
+__version__ = "0.1.0"
+
+from packer.config import PackConfig  # noqa: E402
+from packer.pipeline import PackResult, pack, read_manifest  # noqa: E402
+from packer.planning import Plan, lower_bound, plan  # noqa: E402
+from packer.readers import read_samples  # noqa: E402
+
+__all__ = [
+    "PackConfig", "PackResult", "Plan", "__version__", "lower_bound", "pack", "plan",
+    "read_manifest", "read_samples",
+]

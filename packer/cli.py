@@ -1,0 +1,142 @@
+"""The `packer` command: a thin typer layer over the library.
+
+Each command parses options, calls one library function and renders its result. Failures the
+user can act on (`PackerError`) become one line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packer import __version__
+from packer.errors import EXIT_FAILURE, EXIT_INTERRUPTED, PackerError
+
+app = typer.Typer(
+    name="packer",
+    help="Offline sample packing for LLM training: pack token datasets into Arrow shards whose "
+    "samples stay isolated (cu_seqlens, per-sample positions, boundary-masked labels).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"packer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """packer: offline sample packing for LLM training."""
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
+    from packer.report import stderr
+
+    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def user_errors(debug: bool):
+    """Turn expected failures into one line and an exit code; --debug shows the traceback."""
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except PackerError as exc:
+        if debug:
+            raise
+        raise fail(str(exc), exc.exit_code) from None
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        raise fail("interrupted", EXIT_INTERRUPTED) from None
+    except OSError as exc:
+        if debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise fail(f"{where}{exc.strerror or exc}") from None
+    except MemoryError:
+        if debug:
+            raise
+        raise fail("out of memory") from None
+    except Exception as exc:  # a bug: still one line, and a way to see more
+        if debug:
+            raise
+        raise fail(f"internal error ({type(exc).__name__}: {exc}); rerun with --debug for the "
+                   "traceback") from None
+
+
+DEBUG = typer.Option(False, "--debug", help="Show the full traceback on errors.")
+JSON = typer.Option(False, "--json", help="Print one JSON object on stdout instead of a table.")
+
+
+@app.command()
+def pack(
+    inputs: list[str] = typer.Argument(..., metavar="INPUT...",
+        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs."),
+    output: Path = typer.Option(..., "--output", "-o", help="Output directory for shards and "
+        "manifest.json (created atomically)."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", "-L",
+        help="Row length L in tokens (required here or in --config)."),
+    strategy: Optional[str] = typer.Option(None, "--strategy",
+        help="Packing strategy. [default: bfd]"),
+    overlength: Optional[str] = typer.Option(None, "--overlength",
+        help="Samples longer than L: error (stop and say so), drop, truncate, or split into "
+        "pieces of L. Every affected sample is counted. [default: error]"),
+    pad: Optional[bool] = typer.Option(None, "--pad/--no-pad",
+        help="Pad every row to exactly L tokens (padding is one final cu_seqlens segment, "
+        "labelled -100). [default: no-pad]"),
+    pad_id: Optional[int] = typer.Option(None, "--pad-id", help="Token id used for padding. "
+        "[default: 0]"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for strategies that use "
+        "randomness. [default: 0]"),
+    input_column: Optional[str] = typer.Option(None, "--input-column",
+        help="Column holding the token ids. [default: input_ids]"),
+    labels_column: Optional[str] = typer.Option(None, "--labels-column",
+        help="Column holding labels (-100 = no loss); when absent, labels are the input ids. "
+        "[default: labels]"),
+    shard_rows: Optional[int] = typer.Option(None, "--shard-rows",
+        help="Rows per output shard. [default: rows holding about 16M tokens]"),
+    overwrite: bool = typer.Option(False, "--overwrite",
+        help="Replace an existing output (kept in place until the new one is complete)."),
+    config: Optional[Path] = typer.Option(None, "--config", "-c",
+        help="YAML preset of these options; flags given here override it."),
+    json_out: bool = JSON,
+    debug: bool = DEBUG,
+) -> None:
+    """Pack token datasets into Arrow shards ready for varlen flash-attention."""
+    from packer.config import build_config
+    from packer.pipeline import pack as run_pack
+    from packer.report import pack_table, progress_bars, stderr
+
+    with user_errors(debug):
+        cfg = build_config(config, {
+            "max_len": max_len, "strategy": strategy, "overlength": overlength, "pad": pad,
+            "pad_id": pad_id, "seed": seed, "input_column": input_column,
+            "labels_column": labels_column, "shard_rows": shard_rows,
+        })
+        with progress_bars(not json_out) as progress:
+            result = run_pack(inputs, output, cfg, overwrite=overwrite, progress=progress)
+        report = result.report()
+        if json_out:
+            sys.stdout.write(json.dumps(report) + "\n")
+        else:
+            stderr.print(pack_table(report, cfg.max_len))
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,113 @@
+"""Pack configuration: defaults, YAML presets and their validation.
+
+Precedence: explicit command-line flags > the `--config` YAML file > these defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import yaml
+
+from packer.errors import UsageError
+from packer.overlength import POLICIES
+
+TARGET_SHARD_TOKENS = 1 << 24  # ~16M tokens: ~200 MB of int32 columns per shard
+
+
+@dataclass
+class PackConfig:
+    max_len: int
+    strategy: str = "bfd"
+    overlength: str = "error"
+    pad: bool = False
+    pad_id: int = 0
+    seed: int = 0
+    window: int | None = None
+    input_column: str = "input_ids"
+    labels_column: str = "labels"
+    shard_rows: int | None = None  # None: as many rows as hold ~16M tokens
+
+    def rows_per_shard(self) -> int:
+        return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
+
+    def validate(self) -> PackConfig:
+        from packer.planning import STRATEGIES
+
+        if not isinstance(self.max_len, int) or isinstance(self.max_len, bool) or self.max_len < 1:
+            raise UsageError(f"--max-len must be an integer of at least 1, got {self.max_len!r}")
+        if self.max_len > 2**30:
+            raise UsageError(f"--max-len {self.max_len} is too large (at most 2^30)")
+        if self.strategy not in STRATEGIES:
+            raise UsageError(
+                f"unknown --strategy '{self.strategy}' (choose from {', '.join(STRATEGIES)})")
+        if self.overlength not in POLICIES:
+            raise UsageError(
+                f"unknown --overlength '{self.overlength}' (choose from {', '.join(POLICIES)})")
+        if not -(2**31) <= self.pad_id < 2**31:
+            raise UsageError(f"--pad-id {self.pad_id} does not fit a 32-bit token id")
+        if self.shard_rows is not None and self.shard_rows < 1:
+            raise UsageError(f"--shard-rows must be at least 1, got {self.shard_rows}")
+        if self.window is not None and self.window < 1:
+            raise UsageError(f"--window must be at least 1, got {self.window}")
+        if self.seed < 0:
+            raise UsageError(f"--seed must be non-negative, got {self.seed}")
+        if not self.input_column:
+            raise UsageError("--input-column must not be empty")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+FIELDS = {f.name: f for f in fields(PackConfig)}
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML preset into option values; unknown keys and wrong types are errors."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read config: {exc.strerror or exc}", where=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}: line {mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"invalid YAML ({problem})", where=where) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError("a config file must be a mapping of option: value", where=str(path))
+    values = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in FIELDS:
+            known = ", ".join(sorted(FIELDS))
+            raise UsageError(f"unknown option '{key}' (known: {known})", where=str(path))
+        values[name] = _coerce(name, value, path)
+    return values
+
+
+def _coerce(name: str, value, path: Path):
+    kind = FIELDS[name].type
+    expected = {"int": int, "int | None": int, "bool": bool, "str": str}[kind]
+    if value is None and "None" in kind:
+        return None
+    ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
+    if not ok:
+        raise UsageError(
+            f"option '{name}' must be {expected.__name__}, got {value!r}", where=str(path))
+    return value
+
+
+def build_config(config_file: str | Path | None, overrides: dict) -> PackConfig:
+    """Merge defaults, a YAML preset and the flags that were given (None means not given)."""
+    values = load_yaml(config_file) if config_file else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if "max_len" not in values:
+        raise UsageError("--max-len is required (on the command line or in --config)")
+    return PackConfig(**values).validate()

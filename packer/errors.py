@@ -1,0 +1,33 @@
+"""Errors a user can act on.
+
+Every failure that stems from the input, the options or the file system is raised as a
+`PackerError` with one line that names the place (file, line or row) and the problem. The CLI
+prints that line and exits non-zero instead of showing a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_FAILURE = 1  # bad input data, I/O failure, failed verification
+EXIT_USAGE = 2  # bad options or configuration
+EXIT_INTERRUPTED = 130  # SIGINT
+
+
+class PackerError(Exception):
+    """A failure with a one-line message meant for the user."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, *, where: str | None = None):
+        self.where = where
+        self.problem = message
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class UsageError(PackerError):
+    """Options or configuration that cannot work, whatever the data."""
+
+    exit_code = EXIT_USAGE
+
+
+class InputError(PackerError):
+    """The input data is missing, unreadable or does not follow the expected schema."""

@@ -1,0 +1,124 @@
+"""Gather: copy planned segments into packed row buffers in one pass over the tokens.
+
+The kernel writes into caller-owned buffers so a run can reuse them across shards (writing into
+fresh memory is several times slower than into warm memory, see DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit
+
+from packer.samples import IGNORE_INDEX
+
+
+@njit(cache=True)
+def shard_sizes(order, row_starts, seg_len, r0, r1, max_len, pad):  # pragma: no cover
+    """(tokens, segments) that rows r0..r1 will hold, padding included."""
+    tokens = 0
+    segments = 0
+    for r in range(r0, r1):
+        row_tokens = 0
+        for k in range(row_starts[r], row_starts[r + 1]):
+            row_tokens += seg_len[order[k]]
+        segments += row_starts[r + 1] - row_starts[r]
+        if pad and row_tokens < max_len:
+            tokens += max_len
+            segments += 1
+        else:
+            tokens += row_tokens
+    return tokens, segments
+
+
+@njit(cache=True)
+def gather_rows(
+    tokens, labels, has_labels, order, row_starts, seg_sample, seg_start, seg_len, seg_offset,
+    r0, r1, max_len, pad, pad_id,
+    out_ids, out_labels, out_pos, out_row_offsets, out_cu, out_cu_offsets,
+    out_sample, out_sample_offset, out_sample_row_offsets, out_loss,
+):  # pragma: no cover - compiled
+    """Fill the packed columns of rows r0..r1 (exclusive) and return (tokens, cu entries)."""
+    t = 0  # write position in token buffers
+    c = 0  # write position in cu_seqlens values
+    s = 0  # write position in per-sample provenance
+    out_row_offsets[0] = 0
+    out_cu_offsets[0] = 0
+    out_sample_row_offsets[0] = 0
+    for r in range(r0, r1):
+        row_begin = t
+        loss = 0
+        out_cu[c] = 0
+        c += 1
+        for k in range(row_starts[r], row_starts[r + 1]):
+            seg = order[k]
+            start = seg_start[seg]
+            n = seg_len[seg]
+            for j in range(n):
+                out_ids[t + j] = tokens[start + j]
+                out_pos[t + j] = j
+            if has_labels:
+                for j in range(n):
+                    out_labels[t + j] = labels[start + j]
+            else:
+                for j in range(n):
+                    out_labels[t + j] = tokens[start + j]
+            # the first token of a sample is never a target: after the model's shift the last
+            # token of the previous sample would otherwise predict it
+            out_labels[t] = IGNORE_INDEX
+            for j in range(n):
+                if out_labels[t + j] != IGNORE_INDEX:
+                    loss += 1
+            t += n
+            out_cu[c] = t - row_begin
+            c += 1
+            out_sample[s] = seg_sample[seg]
+            out_sample_offset[s] = seg_offset[seg]
+            s += 1
+        if pad and t - row_begin < max_len:
+            n = max_len - (t - row_begin)
+            for j in range(n):
+                out_ids[t + j] = pad_id
+                out_labels[t + j] = IGNORE_INDEX
+                out_pos[t + j] = j
+            t += n
+            out_cu[c] = max_len
+            c += 1
+        i = r - r0
+        out_row_offsets[i + 1] = t
+        out_cu_offsets[i + 1] = c
+        out_sample_row_offsets[i + 1] = s
+        out_loss[i] = loss
+    return t, c
+
+
+@dataclass
+class Buffers:
+    """Output buffers sized for the largest shard, reused across shards."""
+
+    ids: np.ndarray
+    labels: np.ndarray
+    pos: np.ndarray
+    row_offsets: np.ndarray
+    cu: np.ndarray
+    cu_offsets: np.ndarray
+    sample: np.ndarray
+    sample_offset: np.ndarray
+    sample_row_offsets: np.ndarray
+    loss: np.ndarray
+
+    @classmethod
+    def allocate(cls, max_tokens: int, max_rows: int, max_segments: int) -> Buffers:
+        return cls(
+            ids=np.empty(max_tokens, np.int32),
+            labels=np.empty(max_tokens, np.int32),
+            pos=np.empty(max_tokens, np.int32),
+            row_offsets=np.empty(max_rows + 1, np.int32),
+            cu=np.empty(max_segments + max_rows, np.int32),
+            cu_offsets=np.empty(max_rows + 1, np.int32),
+            sample=np.empty(max_segments, np.int64),
+            sample_offset=np.empty(max_segments, np.int32),
+            sample_row_offsets=np.empty(max_rows + 1, np.int32),
+            loss=np.empty(max_rows, np.int32),
+        )

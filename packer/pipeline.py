@@ -1,0 +1,183 @@
+"""`pack`: read, resolve over-length samples, plan, gather and write, atomically.
+
+This is the library entry point behind `packer pack`; it knows nothing about the terminal.
+Progress is reported through an optional callback so the CLI can draw bars.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packer import __version__, output
+from packer.config import PackConfig
+from packer.gather import Buffers, gather_rows, shard_sizes
+from packer.overlength import Segments, resolve
+from packer.planning import Plan, lower_bound, plan
+from packer.readers import read_samples
+from packer.samples import Samples
+from packer.writer import SCHEMA, shard_batch, write_shard
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+# progress(stage, done, total): stage is "read" (files) or "write" (rows)
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class PackResult:
+    output: Path
+    stats: dict
+    shards: list[dict]
+    seconds: float
+    timings: dict = field(default_factory=dict)
+
+    def report(self) -> dict:
+        """The machine-readable summary printed by `packer pack --json`."""
+        return {
+            **self.stats,
+            "seconds": round(self.seconds, 3),
+            "shards": len(self.shards),
+            "output": str(self.output),
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+        }
+
+
+def compute_stats(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig,
+                  loss_tokens: int, pad_tokens: int) -> dict:
+    tokens = int(segs.length.sum())
+    lb = lower_bound(tokens, cfg.max_len)
+    rows = pl.num_rows
+    return {
+        "samples_in": samples.num_samples,
+        "samples_packed": samples.num_samples - segs.dropped,
+        "dropped": segs.dropped,
+        "truncated": segs.truncated,
+        "split": segs.split,
+        "segments": segs.num_segments,
+        "tokens_in": samples.num_tokens,
+        "tokens": tokens,
+        "tokens_removed": segs.tokens_removed,
+        "pad_tokens": pad_tokens,
+        "loss_tokens": loss_tokens,
+        "rows": rows,
+        "lower_bound": lb,
+        "rows_over_lower_bound": round(rows / lb, 6) if lb else 1.0,
+        "efficiency": round(tokens / (rows * cfg.max_len), 6) if rows else 1.0,
+    }
+
+
+def _write_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, tmp: Path,
+               progress: Progress | None) -> tuple[list[dict], int, int]:
+    rows_per_shard = cfg.rows_per_shard()
+    bounds = list(range(0, pl.num_rows, rows_per_shard)) + [pl.num_rows]
+    sizes = [shard_sizes(pl.order, pl.row_starts, segs.length, a, b, cfg.max_len, cfg.pad)
+             for a, b in zip(bounds[:-1], bounds[1:])]
+    buf = Buffers.allocate(
+        max_tokens=max((t for t, _ in sizes), default=0),
+        max_rows=rows_per_shard,
+        max_segments=max((s for _, s in sizes), default=0),
+    )
+    labels = samples.labels if samples.labels is not None else samples.tokens
+    shards, loss_tokens, pad_tokens = [], 0, 0
+    width = max(5, len(str(len(sizes))))
+    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        tokens, cu_entries = gather_rows(
+            samples.tokens, labels, samples.labels is not None, pl.order, pl.row_starts,
+            segs.sample, segs.start, segs.length, segs.offset, a, b, cfg.max_len, cfg.pad,
+            cfg.pad_id, buf.ids, buf.labels, buf.pos, buf.row_offsets, buf.cu, buf.cu_offsets,
+            buf.sample, buf.sample_offset, buf.sample_row_offsets, buf.loss,
+        )
+        rows = b - a
+        name = f"shard-{i:0{width}d}.arrow"
+        entry = write_shard(tmp / name, shard_batch(buf, rows, tokens, cu_entries))
+        segments = int(buf.sample_row_offsets[rows])
+        real_tokens = int(segs.length[pl.order[pl.row_starts[a]:pl.row_starts[b]]].sum())
+        loss = int(buf.loss[:rows].sum())
+        shards.append({"file": name, "rows": rows, "tokens": tokens, "segments": segments,
+                       "loss_tokens": loss, **entry})
+        loss_tokens += loss
+        pad_tokens += tokens - real_tokens
+        if progress:
+            progress("write", b, pl.num_rows)
+    return shards, loss_tokens, pad_tokens
+
+
+def build_manifest(cfg: PackConfig, samples: Samples, stats: dict, shards: list[dict]) -> dict:
+    return {
+        "packer_version": __version__,
+        "format_version": FORMAT_VERSION,
+        "config": cfg.to_dict(),
+        "columns": {f.name: str(f.type) for f in SCHEMA},
+        "inputs": [
+            {"path": str(s.path), "format": s.format, "bytes": s.size,
+             "fingerprint": s.fingerprint, "samples": s.num_samples,
+             "first_index": s.first_index, "has_labels": s.has_labels}
+            for s in samples.sources
+        ],
+        "shards": shards,
+        "stats": stats,
+    }
+
+
+def pack(
+    inputs: Iterable[str | Path],
+    output_dir: str | Path,
+    config: PackConfig,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> PackResult:
+    """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
+
+    The output appears only when complete: it is built in a hidden sibling directory and
+    renamed into place, so a failed or killed run never leaves shards that look finished.
+    """
+    t0 = time.perf_counter()
+    cfg = config.validate()
+    out = Path(output_dir)
+    output.check_target(out, overwrite)
+    timings = {}
+
+    inputs = list(inputs)
+    n_files = [0]
+
+    def on_file(_path: Path) -> None:
+        n_files[0] += 1
+        if progress:
+            progress("read", n_files[0], 0)
+
+    samples = read_samples(inputs, cfg.input_column, cfg.labels_column or None, progress=on_file)
+    timings["read"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    segs = resolve(samples, cfg.max_len, cfg.overlength)
+    pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
+    timings["plan"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    tmp = output.make_temp_dir(out)
+    try:
+        shards, loss_tokens, pad_tokens = _write_all(samples, segs, pl, cfg, tmp, progress)
+        stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens)
+        manifest = build_manifest(cfg, samples, stats, shards)
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+        output.commit(tmp, out)
+    except BaseException:
+        output.discard(tmp)
+        raise
+    timings["write"] = time.perf_counter() - t
+    return PackResult(output=out, stats=stats, shards=shards,
+                      seconds=time.perf_counter() - t0, timings=timings)
+
+
+def read_manifest(output_dir: str | Path) -> dict:
+    with open(Path(output_dir) / MANIFEST, encoding="utf-8") as fh:
+        return json.load(fh)
+
