@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	rm -rf out/demo
-	$(BIN)/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --max-len 2048 --output out/demo
+	mkdir -p out
+	$(BIN)/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite
 
 test: setup
 	$(BIN)/python -m pytest -n 2 -q
