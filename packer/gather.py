@@ -32,7 +32,7 @@ def shard_sizes(order, row_starts, seg_len, r0, r1, max_len, pad):  # pragma: no
     return tokens, segments
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def gather_rows(
     tokens, labels, has_labels, order, row_starts, seg_sample, seg_start, seg_len, seg_offset,
     r0, r1, max_len, pad, pad_id,

@@ -14,12 +14,12 @@ from pathlib import Path
 
 from packer import __version__, output
 from packer.config import PackConfig
-from packer.gather import Buffers, gather_rows, shard_sizes
 from packer.overlength import Segments, resolve
 from packer.planning import Plan, lower_bound, plan
 from packer.readers import read_samples
 from packer.samples import Samples
-from packer.writer import SCHEMA, shard_batch, write_shard
+from packer.shards import write_shards
+from packer.writer import SCHEMA
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -71,42 +71,6 @@ def compute_stats(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig,
     }
 
 
-def _write_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, tmp: Path,
-               progress: Progress | None) -> tuple[list[dict], int, int]:
-    rows_per_shard = cfg.rows_per_shard()
-    bounds = list(range(0, pl.num_rows, rows_per_shard)) + [pl.num_rows]
-    sizes = [shard_sizes(pl.order, pl.row_starts, segs.length, a, b, cfg.max_len, cfg.pad)
-             for a, b in zip(bounds[:-1], bounds[1:])]
-    buf = Buffers.allocate(
-        max_tokens=max((t for t, _ in sizes), default=0),
-        max_rows=rows_per_shard,
-        max_segments=max((s for _, s in sizes), default=0),
-    )
-    labels = samples.labels if samples.labels is not None else samples.tokens
-    shards, loss_tokens, pad_tokens = [], 0, 0
-    width = max(5, len(str(len(sizes))))
-    for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        tokens, cu_entries = gather_rows(
-            samples.tokens, labels, samples.labels is not None, pl.order, pl.row_starts,
-            segs.sample, segs.start, segs.length, segs.offset, a, b, cfg.max_len, cfg.pad,
-            cfg.pad_id, buf.ids, buf.labels, buf.pos, buf.row_offsets, buf.cu, buf.cu_offsets,
-            buf.sample, buf.sample_offset, buf.sample_row_offsets, buf.loss,
-        )
-        rows = b - a
-        name = f"shard-{i:0{width}d}.arrow"
-        entry = write_shard(tmp / name, shard_batch(buf, rows, tokens, cu_entries))
-        segments = int(buf.sample_row_offsets[rows])
-        real_tokens = int(segs.length[pl.order[pl.row_starts[a]:pl.row_starts[b]]].sum())
-        loss = int(buf.loss[:rows].sum())
-        shards.append({"file": name, "rows": rows, "tokens": tokens, "segments": segments,
-                       "loss_tokens": loss, **entry})
-        loss_tokens += loss
-        pad_tokens += tokens - real_tokens
-        if progress:
-            progress("write", b, pl.num_rows)
-    return shards, loss_tokens, pad_tokens
-
-
 def build_manifest(cfg: PackConfig, samples: Samples, stats: dict, shards: list[dict]) -> dict:
     return {
         "packer_version": __version__,
@@ -131,6 +95,7 @@ def pack(
     *,
     overwrite: bool = False,
     progress: Progress | None = None,
+    workers: int | None = None,
 ) -> PackResult:
     """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
 
@@ -162,7 +127,9 @@ def pack(
     t = time.perf_counter()
     tmp = output.make_temp_dir(out)
     try:
-        shards, loss_tokens, pad_tokens = _write_all(samples, segs, pl, cfg, tmp, progress)
+        shards = write_shards(samples, segs, pl, cfg, tmp, progress, workers)
+        loss_tokens = sum(s["loss_tokens"] for s in shards)
+        pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens)
         manifest = build_manifest(cfg, samples, stats, shards)
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:

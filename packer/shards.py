@@ -1,0 +1,110 @@
+"""Gather planned rows into shards and write them, overlapping the two on separate cores.
+
+The gather kernel releases the GIL, and hashing plus writing a shard spend their time in
+hashlib and the kernel's write path, so with two buffers shard i+1 is gathered while shard i is
+written. With `workers=1` the same work runs in sequence.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from packer.config import PackConfig
+from packer.gather import Buffers, gather_rows, shard_sizes
+from packer.overlength import Segments
+from packer.planning import Plan
+from packer.samples import Samples
+from packer.writer import shard_batch, write_shard
+
+Progress = Callable[[str, int, int], None]
+
+
+def shard_bounds(num_rows: int, rows_per_shard: int) -> list[tuple[int, int]]:
+    starts = list(range(0, num_rows, rows_per_shard))
+    return [(a, min(a + rows_per_shard, num_rows)) for a in starts]
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+               else (os.cpu_count() or 1))
+
+
+def _allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
+    sizes = [shard_sizes(pl.order, pl.row_starts, segs.length, a, b, cfg.max_len, cfg.pad)
+             for a, b in bounds]
+    return Buffers.allocate(
+        max_tokens=max((t for t, _ in sizes), default=0),
+        max_rows=max((b - a for a, b in bounds), default=0),
+        max_segments=max((s for _, s in sizes), default=0),
+    )
+
+
+def gather_shard(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int,
+                 buf: Buffers) -> tuple[int, int]:
+    """Fill `buf` with rows a..b; return (tokens, cu_seqlens entries)."""
+    labels = samples.labels if samples.labels is not None else samples.tokens
+    return gather_rows(
+        samples.tokens, labels, samples.labels is not None, pl.order, pl.row_starts,
+        segs.sample, segs.start, segs.length, segs.offset, a, b, cfg.max_len, cfg.pad,
+        cfg.pad_id, buf.ids, buf.labels, buf.pos, buf.row_offsets, buf.cu, buf.cu_offsets,
+        buf.sample, buf.sample_offset, buf.sample_row_offsets, buf.loss,
+    )
+
+
+def gather_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig) -> Buffers:
+    """Every row in one set of buffers: the in-memory pack, for benchmarks and library users."""
+    bounds = [(0, pl.num_rows)]
+    buf = _allocate(pl, segs, cfg, bounds)
+    gather_shard(samples, segs, pl, cfg, 0, pl.num_rows, buf)
+    return buf
+
+
+def write_shards(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, out_dir: Path,
+                 progress: Progress | None = None, workers: int | None = None) -> list[dict]:
+    """Write every shard of the plan into `out_dir`; return their manifest entries in order."""
+    bounds = shard_bounds(pl.num_rows, cfg.rows_per_shard())
+    width = max(5, len(str(len(bounds))))
+    workers = workers or default_workers()
+    n_buffers = 2 if workers > 1 and len(bounds) > 1 else 1
+    buffers = [_allocate(pl, segs, cfg, bounds) for _ in range(n_buffers)]
+    entries: list[dict] = []
+    pending: list[Future | None] = [None] * n_buffers
+
+    def finish(future: Future) -> None:
+        entries.append(future.result())
+        if progress:
+            progress("write", bounds[len(entries) - 1][1], pl.num_rows)
+
+    def write(i: int, buf: Buffers, rows: int, tokens: int, cu_entries: int) -> dict:
+        name = f"shard-{i:0{width}d}.arrow"
+        entry = write_shard(out_dir / name, shard_batch(buf, rows, tokens, cu_entries))
+        segments = int(buf.sample_row_offsets[rows])
+        return {"file": name, "rows": rows, "tokens": tokens, "segments": segments,
+                "loss_tokens": int(buf.loss[:rows].sum()), **entry}
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        try:
+            for i, (a, b) in enumerate(bounds):
+                slot = i % n_buffers
+                if pending[slot] is not None:  # the buffer is still being written
+                    finish(pending[slot])
+                    pending[slot] = None
+                buf = buffers[slot]
+                tokens, cu_entries = gather_shard(samples, segs, pl, cfg, a, b, buf)
+                if n_buffers == 1:
+                    finish(pool.submit(write, i, buf, b - a, tokens, cu_entries))
+                else:
+                    pending[slot] = pool.submit(write, i, buf, b - a, tokens, cu_entries)
+            for k in range(len(bounds), len(bounds) + n_buffers):
+                future = pending[k % n_buffers]
+                if future is not None:
+                    finish(future)
+                    pending[k % n_buffers] = None
+        finally:
+            for future in pending:
+                if future is not None:
+                    future.cancel()
+    return entries

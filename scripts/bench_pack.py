@@ -1,0 +1,212 @@
+"""End-to-end packing benchmark: packer against the copy limit and TRL, side by side.
+
+Every contender runs in its own process (start-up and imports included), several times; the
+table shows medians and ratios measured in the same run, since absolute times on shared
+machines swing a lot.
+
+- copy limit: pyarrow reads the Parquet and writes the same table as an Arrow IPC file;
+- packer: `packer pack INPUT -o OUT -L 2048 --overlength split`;
+- TRL (if installed): `Dataset.from_parquet`, `pack_dataset(..., strategy="bfd_split")`,
+  `save_to_disk` — the same no-token-lost policy as packer's `split`;
+- in memory, without I/O: packer's plan + gather of the loaded table vs TRL's `pack_dataset` call;
+- JSONL parsing: packer's reader vs pyarrow's multithreaded JSON reader on the same file.
+
+    python scripts/bench_pack.py                 # 1M samples (~450M tokens), 3 runs each
+    python scripts/bench_pack.py --samples 100000 --runs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+COPY = """
+import sys, pyarrow as pa, pyarrow.parquet as pq
+t = pq.read_table(sys.argv[1])
+with pa.OSFile(sys.argv[2], "wb") as f, pa.ipc.new_file(f, t.schema) as w:
+    w.write_table(t)
+"""
+
+TRL = """
+import json, sys, time
+t0 = time.perf_counter()
+import datasets
+from trl import pack_dataset
+datasets.disable_progress_bars()
+ds = datasets.Dataset.from_parquet(sys.argv[1], cache_dir=sys.argv[3])
+t1 = time.perf_counter()
+packed = pack_dataset(ds, seq_length=int(sys.argv[4]), strategy="bfd_split")
+t2 = time.perf_counter()
+packed.save_to_disk(sys.argv[2])
+print(json.dumps({"pack_call": t2 - t1, "rows": packed.num_rows}))
+"""
+
+PACKER_IN_MEMORY = """
+import json, sys, time
+import packer
+from packer.config import PackConfig
+from packer.overlength import resolve
+from packer.planning import plan
+from packer.readers import read_samples
+from packer.shards import gather_all
+samples = read_samples([sys.argv[1]])
+cfg = PackConfig(max_len=int(sys.argv[2]), overlength="split")
+# warm the JIT cache on a tiny input so only the work is timed
+segs = resolve(samples, cfg.max_len, cfg.overlength)
+t0 = time.perf_counter()
+segs = resolve(samples, cfg.max_len, cfg.overlength)
+pl = plan(segs.length, cfg.max_len, cfg.strategy)
+buf = gather_all(samples, segs, pl, cfg)
+t1 = time.perf_counter()
+print(json.dumps({"seconds": t1 - t0, "rows": pl.num_rows}))
+"""
+
+JSONL_PYARROW = """
+import sys, time, pyarrow as pa, pyarrow.json as pj
+t0 = time.perf_counter()
+t = pj.read_json(sys.argv[1], read_options=pj.ReadOptions(use_threads=True, block_size=16 << 20))
+print(t.num_rows, time.perf_counter() - t0)
+"""
+
+JSONL_PACKER = """
+import sys, time
+from packer.readers import read_samples
+t0 = time.perf_counter()
+s = read_samples([sys.argv[1]])
+print(s.num_samples, time.perf_counter() - t0)
+"""
+
+
+def timed(cmd: list[str], env: dict | None = None) -> tuple[float, str]:
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - t
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed:\n{proc.stderr[-2000:]}")
+    return elapsed, proc.stdout
+
+
+def drop(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=1_000_000)
+    parser.add_argument("--max-len", type=int, default=2048)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--trl-runs", type=int, default=1)
+    parser.add_argument("--data-dir", default=str(ROOT / "bench-data"))
+    parser.add_argument("--jsonl-samples", type=int, default=200_000)
+    parser.add_argument("--skip-trl", action="store_true")
+    args = parser.parse_args()
+
+    data_dir = Path(args.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data = data_dir / f"lognormal-{args.samples}.parquet"
+    if not data.exists():
+        subprocess.run([PY, str(ROOT / "scripts/make_lognormal.py"), str(data),
+                        "--samples", str(args.samples)], check=True)
+    import pyarrow.parquet as pq
+
+    tokens = int(pq.read_metadata(data).num_rows)  # rows for now; tokens from packer's report
+    work = Path(tempfile.mkdtemp(prefix="packer-bench-", dir=data_dir))
+    results: dict[str, list[float]] = {}
+    extra: dict[str, object] = {}
+    L = str(args.max_len)
+    try:
+        # warm the numba cache once so every timed packer run measures a cache load, like a user's
+        timed([str(Path(PY).parent / "packer"), "pack", str(data), "-o", str(work / "warm"),
+               "-L", L, "--overlength", "split", "--json"])
+        drop(work / "warm")
+        for _ in range(args.runs):
+            dt, _ = timed([PY, "-c", COPY, str(data), str(work / "copy.arrow")])
+            results.setdefault("copy limit (read Parquet, write Arrow IPC)", []).append(dt)
+            drop(work / "copy.arrow")
+            dt, out = timed([str(Path(PY).parent / "packer"), "pack", str(data), "-o",
+                             str(work / "packed"), "-L", L, "--overlength", "split", "--json"])
+            results.setdefault("packer pack (end to end)", []).append(dt)
+            report = json.loads(out)
+            extra["packer"] = report
+            drop(work / "packed")
+            dt, out = timed([PY, "-c", PACKER_IN_MEMORY, str(data), L])
+            results.setdefault("packer plan + gather, in memory", []).append(
+                json.loads(out)["seconds"])
+        if not args.skip_trl:
+            try:
+                import trl  # noqa: F401
+            except ImportError:
+                print("TRL not installed: skipping (pip install trl, with torch==2.13.0 first)")
+            else:
+                for _ in range(args.trl_runs):
+                    dt, out = timed([PY, "-c", TRL, str(data), str(work / "trl"),
+                                     str(work / "hf-cache"), L])
+                    info = json.loads(out.strip().splitlines()[-1])
+                    results.setdefault("TRL from_parquet + pack_dataset + save_to_disk", []).append(dt)
+                    results.setdefault("TRL pack_dataset call, in memory", []).append(
+                        info["pack_call"])
+                    extra["trl_rows"] = info["rows"]
+                    drop(work / "trl")
+                    drop(work / "hf-cache")
+        # JSONL parsing
+        jsonl = data_dir / f"lognormal-{args.jsonl_samples}.jsonl"
+        if not jsonl.exists():
+            import pyarrow as pa
+
+            table = pq.read_table(data).slice(0, args.jsonl_samples)
+            with open(jsonl, "w") as fh:
+                for batch in table.to_batches(max_chunksize=10000):
+                    for row in batch.to_pylist():
+                        fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+            del table, pa
+        for _ in range(args.runs):
+            _, out = timed([PY, "-c", JSONL_PYARROW, str(jsonl)])
+            results.setdefault("JSONL: pyarrow.json.read_json (threads)", []).append(
+                float(out.split()[1]))
+            _, out = timed([PY, "-c", JSONL_PACKER, str(jsonl)])
+            results.setdefault("JSONL: packer reader (parse + validate)", []).append(
+                float(out.split()[1]))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    report = extra.get("packer", {})
+    tokens = report.get("tokens_in", tokens)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    copy = med["copy limit (read Parquet, write Arrow IPC)"]
+    print(f"\n{args.samples:,} samples, {tokens:,} tokens, L={args.max_len}, "
+          f"{os.cpu_count()} cores; medians of {args.runs} runs (TRL: {args.trl_runs})\n")
+    print(f"| {'what':<52} | {'median s':>9} | {'runs':<30} | {'× copy':>7} |")
+    print(f"|{'-' * 54}|{'-' * 11}|{'-' * 32}|{'-' * 9}|")
+    for name, values in results.items():
+        runs = ", ".join(f"{v:.2f}" for v in values)
+        ratio = f"{med[name] / copy:.2f}" if not name.startswith("JSONL") else ""
+        print(f"| {name:<52} | {med[name]:>9.2f} | {runs:<30} | {ratio:>7} |")
+    print()
+    if "TRL from_parquet + pack_dataset + save_to_disk" in med:
+        e2e = med["TRL from_parquet + pack_dataset + save_to_disk"] / med["packer pack (end to end)"]
+        mem = med["TRL pack_dataset call, in memory"] / med["packer plan + gather, in memory"]
+        print(f"packer vs TRL end to end: {e2e:.1f}x faster; in memory: {mem:.1f}x faster")
+        print(f"rows: packer {report.get('rows'):,}, TRL {extra['trl_rows']:,}, lower bound "
+              f"{report.get('lower_bound'):,}")
+    print(f"packer / copy limit: {med['packer pack (end to end)'] / copy:.2f}x")
+    jp = med["JSONL: pyarrow.json.read_json (threads)"]
+    jk = med["JSONL: packer reader (parse + validate)"]
+    print(f"JSONL: packer reader {jk:.2f} s vs pyarrow {jp:.2f} s ({jp / jk:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
