@@ -1,14 +1,49 @@
-"""Bin-packing kernels. Each takes int lengths (all in 1..L) and returns `bin_of`, the row of
-every sample, numbered in order of opening; `planning.py` turns that into a CSR plan.
+"""Bin-packing kernels over integer lengths (all in 1..L).
+
+Decreasing strategies (bfd, ffd, histogram) never look at single samples while deciding. Rows that
+have received the same lengths so far have the same remaining capacity, so a fit rule cannot tell
+them apart: such rows are kept as one *group* (a range of consecutive row ids), and a run of
+equal lengths is placed into a whole group at once. Deciding therefore costs O(L log L + groups
+touched), whatever N is; the capacity decisions are exactly those of the one-sample-at-a-time
+rule. The output is a list of *events* (rows first..first+nrows-1 each get `per_row` samples of
+length s at position `offset` in the row), and one O(N) pass (`scatter_events`) turns events
+into the CSR plan: that pass and the length histogram are the only work per sample.
 
 Kernels are small numba functions over flat arrays, cached on disk so the CLI does not recompile
-them at every start, and each is tested against a plain-Python reference.
+them at every start, `nogil` so windows can be planned on several threads, and each is tested
+against a plain-Python reference (tests/test_algorithms.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+# columns of the `groups` table
+G_FIRST, G_ROWS, G_ITEMS, G_CAP, G_NEXT = 0, 1, 2, 3, 4
+# columns of the `events` table
+E_FIRST, E_ROWS, E_PER_ROW, E_OFFSET = 0, 1, 2, 3
+
+
+@njit(cache=True, nogil=True)
+def length_histogram(lengths, max_len):  # pragma: no cover - compiled
+    """(counts[0..L], index of the first length outside 1..L or -1): validation for free."""
+    counts = np.zeros(max_len + 1, np.int64)
+    for i in range(lengths.size):
+        v = lengths[i]
+        if v < 1 or v > max_len:
+            return counts, i
+        counts[v] += 1
+    return counts, -1
+
+
+@njit(cache=True, nogil=True)
+def first_bad_length(lengths, max_len):  # pragma: no cover - compiled
+    """Index of the first length outside 1..L, or -1."""
+    for i in range(lengths.size):
+        if lengths[i] < 1 or lengths[i] > max_len:
+            return i
+    return -1
 
 
 @njit(cache=True)
@@ -17,7 +52,6 @@ def counting_sort_desc(lengths, max_len):  # pragma: no cover - compiled
     counts = np.zeros(max_len + 2, np.int64)
     for i in range(lengths.size):
         counts[lengths[i]] += 1
-    # start position of each length when longest first
     starts = np.zeros(max_len + 2, np.int64)
     acc = 0
     for length in range(max_len, -1, -1):
@@ -31,7 +65,11 @@ def counting_sort_desc(lengths, max_len):  # pragma: no cover - compiled
     return order
 
 
-@njit(cache=True)
+# --------------------------------------------------------------------------------------------
+# Presence tree over capacities 0..L (a bit per capacity that has at least one group)
+
+
+@njit(cache=True, nogil=True)
 def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
     node = leaf + size
     tree[node] = present
@@ -44,7 +82,7 @@ def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
         node >>= 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     """Smallest present leaf >= `leaf`, or -1."""
     node = leaf + size
@@ -62,45 +100,488 @@ def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     return node - size
 
 
-@njit(cache=True)
-def best_fit_decreasing(lengths, max_len):  # pragma: no cover - compiled
-    """Best-fit decreasing in O(N log L).
+@njit(cache=True, nogil=True)
+def _tree_last(tree, size):  # pragma: no cover - compiled
+    """Largest present leaf, or -1."""
+    if not tree[1]:
+        return -1
+    node = 1
+    while node < size:
+        node = 2 * node + 1 if tree[2 * node + 1] else 2 * node
+    return node - size
 
-    Open rows are bucketed by remaining capacity (a stack per capacity, linked through
-    `next_row`); a segment tree over capacities 0..L finds the smallest capacity that still
-    fits a sample. The tie between rows of equal capacity goes to the most recently touched one,
-    which keeps the result deterministic.
-    """
-    n = lengths.size
-    order = counting_sort_desc(lengths, max_len)
+
+@njit(cache=True, nogil=True)
+def _tree_last_below(tree, size, leaf):  # pragma: no cover - compiled
+    """Largest present leaf < `leaf`, or -1."""
+    if leaf <= 0:
+        return -1
+    node = leaf + size
+    while True:
+        if node == 1:
+            return -1
+        if (node & 1) == 1 and tree[node - 1]:
+            node -= 1
+            break
+        node >>= 1
+    while node < size:
+        node = 2 * node + 1 if tree[2 * node + 1] else 2 * node
+    return node - size
+
+
+# --------------------------------------------------------------------------------------------
+# Growable tables and capacity buckets (a stack of groups per remaining capacity)
+
+
+@njit(cache=True, nogil=True)
+def _push_row(table, n, a, b, c, d, e):  # pragma: no cover - compiled
+    """Append a row to a growable int64 table; returns the (possibly reallocated) table."""
+    if n == table.shape[0]:
+        bigger = np.empty((2 * n, table.shape[1]), np.int64)
+        bigger[:n] = table[:n]
+        table = bigger
+    table[n, 0] = a
+    table[n, 1] = b
+    table[n, 2] = c
+    table[n, 3] = d
+    if table.shape[1] > 4:
+        table[n, 4] = e
+    return table
+
+
+@njit(cache=True, nogil=True)
+def _bucket_push(groups, head, tree, size, g):  # pragma: no cover - compiled
+    cap = groups[g, G_CAP]
+    if cap == 0:
+        return
+    groups[g, G_NEXT] = head[cap]
+    if head[cap] < 0:
+        _tree_set(tree, size, cap, 1)
+    head[cap] = g
+
+
+@njit(cache=True, nogil=True)
+def _bucket_pop(groups, head, tree, size, cap):  # pragma: no cover - compiled
+    g = head[cap]
+    head[cap] = groups[g, G_NEXT]
+    if head[cap] < 0:
+        _tree_set(tree, size, cap, 0)
+    return g
+
+
+@njit(cache=True, nogil=True)
+def _tree_size(max_len):  # pragma: no cover - compiled
     size = 1
     while size < max_len + 1:
         size *= 2
+    return size
+
+
+# --------------------------------------------------------------------------------------------
+# Decreasing strategies on groups of rows
+
+
+@njit(cache=True, nogil=True)
+def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
+    """Best-fit decreasing: each sample goes to the fullest row that still fits it.
+
+    A row with capacity `cap` that takes a sample of length s keeps being the best fit while it
+    has room for another s (nothing lies between s and cap), so it takes cap // s of them; a
+    whole group does the same. Returns (groups, n_groups, events, ev_start, ev_end, num_rows).
+    """
+    size = _tree_size(max_len)
     tree = np.zeros(2 * size, np.uint8)
-    head = np.full(max_len + 1, -1, np.int64)  # top row of each capacity's stack
-    next_row = np.empty(n, np.int64)
-    remaining = np.empty(n, np.int64)
-    bin_of = np.empty(n, np.int64)
+    head = np.full(max_len + 1, -1, np.int64)
+    groups = np.empty((64, 5), np.int64)
+    events = np.empty((64, 4), np.int64)
+    ev_start = np.zeros(max_len + 1, np.int64)
+    ev_end = np.zeros(max_len + 1, np.int64)
+    ng = 0
+    ne = 0
     num_rows = 0
-    for k in range(n):
-        item = order[k]
-        length = lengths[item]
-        cap = _tree_first_at_least(tree, size, length)
-        if cap < 0:
+    for s in range(max_len, 0, -1):
+        c = counts[s]
+        ev_start[s] = ne
+        while c > 0:
+            cap = _tree_first_at_least(tree, size, s)
+            if cap < 0:  # nothing fits: open rows holding L // s each
+                k = max_len // s
+                q, r = c // k, c % k
+                if q:
+                    groups = _push_row(groups, ng, num_rows, q, k, max_len - k * s, -1)
+                    events = _push_row(events, ne, num_rows, q, k, 0, 0)
+                    _bucket_push(groups, head, tree, size, ng)
+                    ng += 1
+                    ne += 1
+                    num_rows += q
+                if r:
+                    groups = _push_row(groups, ng, num_rows, 1, r, max_len - r * s, -1)
+                    events = _push_row(events, ne, num_rows, 1, r, 0, 0)
+                    _bucket_push(groups, head, tree, size, ng)
+                    ng += 1
+                    ne += 1
+                    num_rows += 1
+                break
+            k = cap // s
+            g = _bucket_pop(groups, head, tree, size, cap)
+            first, nrows, items = groups[g, G_FIRST], groups[g, G_ROWS], groups[g, G_ITEMS]
+            if nrows * k <= c:  # the whole group takes k each and drops below s
+                events = _push_row(events, ne, first, nrows, k, items, 0)
+                ne += 1
+                groups[g, G_ITEMS] = items + k
+                groups[g, G_CAP] = cap - k * s
+                _bucket_push(groups, head, tree, size, g)
+                c -= nrows * k
+                continue
+            q, r = c // k, c % k  # the run ends inside this group: split it
+            if q:
+                groups = _push_row(groups, ng, first, q, items + k, cap - k * s, -1)
+                events = _push_row(events, ne, first, q, k, items, 0)
+                _bucket_push(groups, head, tree, size, ng)
+                ng += 1
+                ne += 1
+            if r:
+                groups = _push_row(groups, ng, first + q, 1, items + r, cap - r * s, -1)
+                events = _push_row(events, ne, first + q, 1, r, items, 0)
+                _bucket_push(groups, head, tree, size, ng)
+                ng += 1
+                ne += 1
+            used = q + (1 if r else 0)
+            groups[g, G_FIRST] = first + used
+            groups[g, G_ROWS] = nrows - used
+            if nrows > used:
+                _bucket_push(groups, head, tree, size, g)
+            c = 0
+        ev_end[s] = ne
+    return groups, ng, events, ev_start, ev_end, num_rows
+
+
+@njit(cache=True, nogil=True)
+def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
+    """Shortest-pack-first (Graphcore's SPFHP rule): each sample goes to the emptiest row.
+
+    Rows of the emptiest group take samples round-robin for as long as they stay at least as
+    empty as the next group and still fit s; new rows are filled with L // s samples each (the
+    one-at-a-time rule would do the same). Same return value as `best_fit_groups`.
+    """
+    size = _tree_size(max_len)
+    tree = np.zeros(2 * size, np.uint8)
+    head = np.full(max_len + 1, -1, np.int64)
+    groups = np.empty((64, 5), np.int64)
+    events = np.empty((64, 4), np.int64)
+    ev_start = np.zeros(max_len + 1, np.int64)
+    ev_end = np.zeros(max_len + 1, np.int64)
+    ng = 0
+    ne = 0
+    num_rows = 0
+    for s in range(max_len, 0, -1):
+        c = counts[s]
+        ev_start[s] = ne
+        while c > 0:
+            cap = _tree_last(tree, size)
+            if cap < s:
+                k = max_len // s
+                q, r = c // k, c % k
+                if q:
+                    groups = _push_row(groups, ng, num_rows, q, k, max_len - k * s, -1)
+                    events = _push_row(events, ne, num_rows, q, k, 0, 0)
+                    _bucket_push(groups, head, tree, size, ng)
+                    ng += 1
+                    ne += 1
+                    num_rows += q
+                if r:
+                    groups = _push_row(groups, ng, num_rows, 1, r, max_len - r * s, -1)
+                    events = _push_row(events, ne, num_rows, 1, r, 0, 0)
+                    _bucket_push(groups, head, tree, size, ng)
+                    ng += 1
+                    ne += 1
+                    num_rows += 1
+                break
+            g = _bucket_pop(groups, head, tree, size, cap)
+            # the next emptiest group: `g` takes rounds while it stays at least as empty
+            rival = cap if head[cap] >= 0 else max(_tree_last_below(tree, size, cap), 0)
+            rounds = (cap - max(rival, s)) // s + 1
+            first, nrows, items = groups[g, G_FIRST], groups[g, G_ROWS], groups[g, G_ITEMS]
+            if nrows * rounds <= c:
+                events = _push_row(events, ne, first, nrows, rounds, items, 0)
+                ne += 1
+                groups[g, G_ITEMS] = items + rounds
+                groups[g, G_CAP] = cap - rounds * s
+                _bucket_push(groups, head, tree, size, g)
+                c -= nrows * rounds
+                continue
+            q, r = c // nrows, c % nrows  # q full rounds, then r rows get one more
+            if r:
+                groups = _push_row(groups, ng, first, r, items + q + 1, cap - (q + 1) * s, -1)
+                events = _push_row(events, ne, first, r, q + 1, items, 0)
+                _bucket_push(groups, head, tree, size, ng)
+                ng += 1
+                ne += 1
+            groups[g, G_FIRST] = first + r
+            groups[g, G_ROWS] = nrows - r
+            if q:
+                events = _push_row(events, ne, first + r, nrows - r, q, items, 0)
+                ne += 1
+                groups[g, G_ITEMS] = items + q
+                groups[g, G_CAP] = cap - q * s
+            _bucket_push(groups, head, tree, size, g)
+            c = 0
+        ev_end[s] = ne
+    return groups, ng, events, ev_start, ev_end, num_rows
+
+
+# --------------------------------------------------------------------------------------------
+# Max trees over row ids (first fit): leaf r holds the capacity of the row or group starting at r
+
+
+@njit(cache=True, nogil=True)
+def _max_tree_set(tree, size, leaf, value):  # pragma: no cover - compiled
+    node = leaf + size
+    tree[node] = value
+    node >>= 1
+    while node >= 1:
+        best = max(tree[2 * node], tree[2 * node + 1])
+        if tree[node] == best:
+            break
+        tree[node] = best
+        node >>= 1
+
+
+@njit(cache=True, nogil=True)
+def _max_tree_leftmost(tree, size, need):  # pragma: no cover - compiled
+    """Leftmost leaf with value >= need, or -1."""
+    if tree[1] < need:
+        return -1
+    node = 1
+    while node < size:
+        node = 2 * node if tree[2 * node] >= need else 2 * node + 1
+    return node - size
+
+
+@njit(cache=True, nogil=True)
+def _max_tree_grow(tree, size):  # pragma: no cover - compiled
+    """Twice as many leaves, same values."""
+    bigger = np.zeros(4 * size, tree.dtype)
+    bigger[2 * size : 3 * size] = tree[size : 2 * size]
+    for node in range(2 * size - 1, 0, -1):
+        bigger[node] = max(bigger[2 * node], bigger[2 * node + 1])
+    return bigger, 2 * size
+
+
+@njit(cache=True, nogil=True)
+def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
+    """First-fit decreasing: each sample goes to the lowest-numbered row that fits it.
+
+    A max tree over row ids finds the first group that fits in O(log rows); a group takes
+    cap // s per row, in row order, exactly as one-sample-at-a-time first fit would.
+    Same return value as `best_fit_groups`.
+    """
+    size = 1024
+    tree = np.zeros(2 * size, np.int32)  # free space fits: L <= 2^30
+    group_at = np.full(size, -1, np.int64)
+    groups = np.empty((64, 5), np.int64)
+    events = np.empty((64, 4), np.int64)
+    ev_start = np.zeros(max_len + 1, np.int64)
+    ev_end = np.zeros(max_len + 1, np.int64)
+    ng = 0
+    ne = 0
+    num_rows = 0
+    for s in range(max_len, 0, -1):
+        c = counts[s]
+        ev_start[s] = ne
+        while c > 0:
+            leaf = _max_tree_leftmost(tree, size, s)
+            if leaf < 0:
+                k = max_len // s
+                q, r = c // k, c % k
+                while num_rows + q + 1 > size:  # leaves for both new groups
+                    tree, size = _max_tree_grow(tree, size)
+                    more = np.full(size, -1, np.int64)
+                    more[: group_at.size] = group_at
+                    group_at = more
+                if q:
+                    groups = _push_row(groups, ng, num_rows, q, k, max_len - k * s, -1)
+                    events = _push_row(events, ne, num_rows, q, k, 0, 0)
+                    group_at[num_rows] = ng
+                    _max_tree_set(tree, size, num_rows, max_len - k * s)
+                    ng += 1
+                    ne += 1
+                    num_rows += q
+                if r:
+                    groups = _push_row(groups, ng, num_rows, 1, r, max_len - r * s, -1)
+                    events = _push_row(events, ne, num_rows, 1, r, 0, 0)
+                    group_at[num_rows] = ng
+                    _max_tree_set(tree, size, num_rows, max_len - r * s)
+                    ng += 1
+                    ne += 1
+                    num_rows += 1
+                break
+            g = group_at[leaf]
+            cap = groups[g, G_CAP]
+            k = cap // s
+            first, nrows, items = groups[g, G_FIRST], groups[g, G_ROWS], groups[g, G_ITEMS]
+            if nrows * k <= c:
+                events = _push_row(events, ne, first, nrows, k, items, 0)
+                ne += 1
+                groups[g, G_ITEMS] = items + k
+                groups[g, G_CAP] = cap - k * s
+                _max_tree_set(tree, size, first, cap - k * s)
+                c -= nrows * k
+                continue
+            q, r = c // k, c % k  # the run ends inside this group: split it in row order
+            used = q + (1 if r else 0)
+            if q:  # `g` keeps its first q rows, which take k each
+                events = _push_row(events, ne, first, q, k, items, 0)
+                ne += 1
+                groups[g, G_ROWS] = q
+                groups[g, G_ITEMS] = items + k
+                groups[g, G_CAP] = cap - k * s
+                _max_tree_set(tree, size, first, cap - k * s)
+            if r:  # the next row takes the last r
+                if q:
+                    groups = _push_row(groups, ng, first + q, 1, items + r, cap - r * s, -1)
+                    group_at[first + q] = ng
+                    ng += 1
+                else:
+                    groups[g, G_ROWS] = 1
+                    groups[g, G_ITEMS] = items + r
+                    groups[g, G_CAP] = cap - r * s
+                events = _push_row(events, ne, first + q, 1, r, items, 0)
+                ne += 1
+                _max_tree_set(tree, size, first + q, cap - r * s)
+            if nrows > used:  # the other rows keep their capacity, as a new group
+                groups = _push_row(groups, ng, first + used, nrows - used, items, cap, -1)
+                group_at[first + used] = ng
+                _max_tree_set(tree, size, first + used, cap)
+                ng += 1
+            c = 0
+        ev_end[s] = ne
+    return groups, ng, events, ev_start, ev_end, num_rows
+
+
+# --------------------------------------------------------------------------------------------
+# From groups and events to a CSR plan
+
+
+@njit(cache=True, nogil=True)
+def row_starts_from_groups(groups, n_groups, num_rows):  # pragma: no cover - compiled
+    """Offsets of each row in `order`: every row of a group holds the group's item count."""
+    row_starts = np.empty(num_rows + 1, np.int64)
+    row_starts[0] = 0
+    for g in range(n_groups):
+        first = groups[g, G_FIRST]
+        items = groups[g, G_ITEMS]
+        for r in range(first, first + groups[g, G_ROWS]):
+            row_starts[r + 1] = items
+    for r in range(num_rows):
+        row_starts[r + 1] += row_starts[r]
+    return row_starts
+
+
+@njit(cache=True, nogil=True)
+def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len):  # pragma: no cover
+    """The plan's `order` in one pass over the samples.
+
+    The samples of each length, in index order, fill that length's events in turn. A cursor per
+    length (next slot, slots left in this row, event, row) makes this a counting-sort scatter.
+    """
+    state = np.zeros((max_len + 1, 4), np.int64)  # pos, left, event, row
+    for s in range(1, max_len + 1):
+        e = ev_start[s]
+        if e < ev_end[s]:
+            row = events[e, E_FIRST]
+            state[s, 0] = row_starts[row] + events[e, E_OFFSET]
+            state[s, 1] = events[e, E_PER_ROW]
+            state[s, 2] = e
+            state[s, 3] = row
+    order = np.empty(lengths.size, np.int64)
+    for i in range(lengths.size):
+        s = lengths[i]
+        order[state[s, 0]] = i
+        left = state[s, 1] - 1
+        if left > 0:
+            state[s, 0] += 1
+            state[s, 1] = left
+            continue
+        e = state[s, 2]
+        row = state[s, 3] + 1
+        if row == events[e, E_FIRST] + events[e, E_ROWS]:
+            e += 1
+            if e == ev_end[s]:
+                continue
+            row = events[e, E_FIRST]
+            state[s, 2] = e
+        state[s, 3] = row
+        state[s, 0] = row_starts[row] + events[e, E_OFFSET]
+        state[s, 1] = events[e, E_PER_ROW]
+    return order
+
+
+# --------------------------------------------------------------------------------------------
+# Order-driven strategies
+
+
+@njit(cache=True, nogil=True)
+def next_fit(lengths, max_len):  # pragma: no cover - compiled
+    """Row starts of next fit in input order: one pass, order preserved, streamable."""
+    n = lengths.size
+    row_starts = np.empty(n + 1, np.int64)
+    row_starts[0] = 0
+    rows = 0
+    fill = max_len + 1  # forces a new row for the first sample
+    for i in range(n):
+        v = lengths[i]
+        if fill + v > max_len:
+            if i > 0:
+                rows += 1
+                row_starts[rows] = i
+            fill = 0
+        fill += v
+    if n:
+        rows += 1
+        row_starts[rows] = n
+    return row_starts[: rows + 1].copy()
+
+
+@njit(cache=True, nogil=True)
+def first_fit_in_order(lengths, visit, max_len):  # pragma: no cover - compiled
+    """Row of each sample under first fit, visiting samples in the order `visit`.
+
+    A max tree over row ids holds each row's free space: O(N log rows), never O(N x rows).
+    Returns (bin_of, num_rows).
+    """
+    size = 1024
+    tree = np.zeros(2 * size, np.int32)  # free space fits: L <= 2^30
+    bin_of = np.empty(lengths.size, np.int64)
+    num_rows = 0
+    for k in range(visit.size):
+        i = visit[k]
+        v = lengths[i]
+        row = _max_tree_leftmost(tree, size, v)
+        if row < 0:
+            if num_rows == size:
+                tree, size = _max_tree_grow(tree, size)
             row = num_rows
             num_rows += 1
-            left = max_len - length
+            _max_tree_set(tree, size, row, max_len - v)
         else:
-            row = head[cap]
-            head[cap] = next_row[row]
-            if head[cap] < 0:
-                _tree_set(tree, size, cap, 0)
-            left = cap - length
-        remaining[row] = left
-        bin_of[item] = row
-        if left > 0:
-            next_row[row] = head[left]
-            if head[left] < 0:
-                _tree_set(tree, size, left, 1)
-            head[left] = row
+            _max_tree_set(tree, size, row, tree[row + size] - v)
+        bin_of[i] = row
     return bin_of, num_rows
+
+
+@njit(cache=True, nogil=True)
+def plan_from_bins(bin_of, num_rows):  # pragma: no cover - compiled
+    """CSR plan from a row number per sample; samples keep their index order within a row."""
+    row_starts = np.zeros(num_rows + 1, np.int64)
+    for i in range(bin_of.size):
+        row_starts[bin_of[i] + 1] += 1
+    for r in range(num_rows):
+        row_starts[r + 1] += row_starts[r]
+    fill = row_starts[:-1].copy()
+    order = np.empty(bin_of.size, np.int64)
+    for i in range(bin_of.size):
+        r = bin_of[i]
+        order[fill[r]] = i
+        fill[r] += 1
+    return order, row_starts

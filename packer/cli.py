@@ -104,6 +104,8 @@ def pack(
         "[default: 0]"),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for strategies that use "
         "randomness. [default: 0]"),
+    window: Optional[int] = typer.Option(None, "--window", help="Pack within consecutive "
+        "windows of W samples (bounded memory, parallel; costs some rows). [default: global]"),
     input_column: Optional[str] = typer.Option(None, "--input-column",
         help="Column holding the token ids. [default: input_ids]"),
     labels_column: Optional[str] = typer.Option(None, "--labels-column",
@@ -126,7 +128,7 @@ def pack(
     with user_errors(debug):
         cfg = build_config(config, {
             "max_len": max_len, "strategy": strategy, "overlength": overlength, "pad": pad,
-            "pad_id": pad_id, "seed": seed, "input_column": input_column,
+            "pad_id": pad_id, "seed": seed, "window": window, "input_column": input_column,
             "labels_column": labels_column, "shard_rows": shard_rows,
         })
         with progress_bars(not json_out) as progress:
@@ -136,6 +138,9 @@ def pack(
             sys.stdout.write(json.dumps(report) + "\n")
         else:
             stderr.print(pack_table(report, cfg.max_len))
+
+
+from packer import cli_plan  # noqa: E402,F401  (registers `packer plan`)
 
 
 if __name__ == "__main__":

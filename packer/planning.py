@@ -1,20 +1,30 @@
 """Plans: which samples go into which row, computed from lengths alone.
 
 A plan is CSR: `order` lists sample indices row by row and `row_starts` cuts it into rows. Every
-strategy only has to produce that, and the gather step is one pass over it.
+strategy only has to produce that, and the gather step is one pass over it. The kernels live in
+`packer.algorithms`; this module picks one, validates input and handles windows.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
 from packer import algorithms
 from packer.errors import UsageError
 
-STRATEGIES = ("bfd",)
+STRATEGIES = ("bfd", "ffd", "nf", "ff-shuffle", "histogram")
+
+DESCRIPTIONS = {
+    "bfd": "best-fit decreasing (fullest row that fits)",
+    "ffd": "first-fit decreasing (lowest-numbered row that fits)",
+    "nf": "next-fit in input order (order preserved, one pass)",
+    "ff-shuffle": "first-fit over a seeded random order (rows mix short and long samples)",
+    "histogram": "shortest-pack-first on the length histogram (SPFHP-style, emptiest row)",
+}
 
 
 @dataclass(frozen=True)
@@ -35,46 +45,142 @@ def lower_bound(total_tokens: int, max_len: int) -> int:
     return -(-int(total_tokens) // int(max_len))
 
 
-@njit(cache=True)
-def _plan_from_bins(bin_of, num_rows):  # pragma: no cover - compiled
-    """CSR plan from a row number per sample; samples keep their relative order within a row."""
-    counts = np.zeros(num_rows + 1, np.int64)
-    for i in range(bin_of.size):
-        counts[bin_of[i] + 1] += 1
-    row_starts = np.cumsum(counts)
-    fill = row_starts[:-1].copy()
-    order = np.empty(bin_of.size, np.int64)
-    for i in range(bin_of.size):
-        r = bin_of[i]
-        order[fill[r]] = i
-        fill[r] += 1
+def martello_toth_bound(counts: np.ndarray, max_len: int) -> int:
+    """Martello–Toth L2 lower bound on rows, from the length histogram `counts[0..L]`.
+
+    For every a in 0..L/2: samples longer than L - a need a row each; samples in (L/2, L - a]
+    also need a row each (no two share one) and leave room that only samples of a..L/2 can use;
+    what of those does not fit there needs ceil(rest / L) more rows. Never below ceil(tokens/L)
+    and never below the number of samples longer than L/2. O(L).
+    """
+    counts = np.asarray(counts, np.int64)
+    L = int(max_len)
+    if counts.sum() == 0:
+        return 0
+    sizes = np.arange(L + 1, dtype=np.int64)
+    n_ge = np.cumsum(counts[::-1])[::-1]  # n_ge[v]: samples of length >= v
+    t_ge = np.cumsum((counts * sizes)[::-1])[::-1]  # t_ge[v]: their tokens
+    n_ge = np.append(n_ge, 0)
+    t_ge = np.append(t_ge, 0)
+    half = L // 2 + 1  # lengths >= half are longer than L/2
+    a = np.arange(0, L // 2 + 1, dtype=np.int64)
+    big = n_ge[L - a + 1]  # longer than L - a
+    mid_n = n_ge[half] - big  # in (L/2, L - a]
+    mid_t = t_ge[half] - t_ge[L - a + 1]
+    small_t = t_ge[np.maximum(a, 1)] - t_ge[half]  # in [a, L/2]
+    spill = small_t - (mid_n * L - mid_t)
+    extra = np.where(spill > 0, -(-spill // L), 0)
+    return int((big + mid_n + extra).max())
+
+
+def best_bound(lengths, max_len: int) -> int:
+    """The larger of ceil(tokens / L) and the Martello–Toth L2 bound."""
+    lengths = np.asarray(lengths)
+    counts, _ = algorithms.length_histogram(_as_int_array(lengths), int(max_len))
+    return max(
+        lower_bound(int((counts * np.arange(counts.size)).sum()), max_len),
+        martello_toth_bound(counts, max_len),
+    )
+
+
+def _as_int_array(lengths) -> np.ndarray:
+    lengths = np.asarray(lengths)
+    if lengths.ndim != 1:
+        raise UsageError(f"lengths must be a 1-d array, got shape {lengths.shape}")
+    if lengths.size and lengths.dtype.kind not in "iu":
+        raise UsageError(f"lengths must be integers, got dtype {lengths.dtype}")
+    if lengths.dtype not in (np.int32, np.int64):
+        lengths = lengths.astype(np.int64)
+    return np.ascontiguousarray(lengths)
+
+
+def _bad_length(lengths: np.ndarray, index: int, max_len: int) -> UsageError:
+    return UsageError(
+        f"sample {index} has length {int(lengths[index])}; plan() needs lengths in 1..{max_len}"
+    )
+
+
+def _plan_decreasing(kernel, lengths: np.ndarray, max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    counts, bad = algorithms.length_histogram(lengths, max_len)
+    if bad >= 0:
+        raise _bad_length(lengths, bad, max_len)
+    groups, n_groups, events, ev_start, ev_end, num_rows = kernel(counts, max_len)
+    row_starts = algorithms.row_starts_from_groups(groups, n_groups, num_rows)
+    order = algorithms.scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len)
     return order, row_starts
 
 
-def _check_lengths(lengths: np.ndarray, max_len: int) -> np.ndarray:
-    if max_len < 1:
-        raise UsageError(f"--max-len must be at least 1, got {max_len}")
-    lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-    if lengths.size and (lengths.min() < 1 or lengths.max() > max_len):
-        bad = int(np.flatnonzero((lengths < 1) | (lengths > max_len))[0])
-        raise UsageError(
-            f"sample {bad} has length {int(lengths[bad])}; plan() needs lengths in 1..{max_len}")
-    return lengths
+def _plan_arrays(
+    lengths: np.ndarray, max_len: int, strategy: str, rng_seed
+) -> tuple[np.ndarray, np.ndarray]:
+    """(order, row_starts) of one strategy over all of `lengths` (already int32/int64)."""
+    if strategy == "bfd":
+        return _plan_decreasing(algorithms.best_fit_groups, lengths, max_len)
+    if strategy == "ffd":
+        return _plan_decreasing(algorithms.first_fit_groups, lengths, max_len)
+    if strategy == "histogram":
+        return _plan_decreasing(algorithms.worst_fit_groups, lengths, max_len)
+    bad = algorithms.first_bad_length(lengths, max_len)
+    if bad >= 0:
+        raise _bad_length(lengths, bad, max_len)
+    if strategy == "nf":
+        return np.arange(lengths.size, dtype=np.int64), algorithms.next_fit(lengths, max_len)
+    # ff-shuffle
+    visit = np.random.default_rng(rng_seed).permutation(lengths.size).astype(np.int64)
+    bin_of, num_rows = algorithms.first_fit_in_order(lengths, visit, max_len)
+    return algorithms.plan_from_bins(bin_of, num_rows)
 
 
-def plan(lengths, max_len: int, strategy: str = "bfd", seed: int = 0, window: int | None = None) -> Plan:
+def _plan_windows(
+    lengths: np.ndarray, max_len: int, strategy: str, seed: int, window: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Plan each run of `window` consecutive samples on its own, on all cores, then join."""
+    n = lengths.size
+    bounds = list(range(0, n, window)) + [n]
+    spans = list(zip(bounds[:-1], bounds[1:]))
+
+    def one(w: int):
+        a, b = spans[w]
+        order, row_starts = _plan_arrays(lengths[a:b], max_len, strategy, [seed, w])
+        return order + a if a else order, row_starts
+
+    workers = min(len(spans), os.cpu_count() or 1)
+    if workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            parts = list(pool.map(one, range(len(spans)), chunksize=max(1, len(spans) // 64)))
+    else:
+        parts = [one(w) for w in range(len(spans))]
+    order = np.concatenate([p[0] for p in parts])
+    starts = [parts[0][1]]
+    base = parts[0][1][-1]
+    for _, rs in parts[1:]:
+        starts.append(rs[1:] + base)
+        base += rs[-1]
+    return order, np.concatenate(starts)
+
+
+def plan(
+    lengths, max_len: int, strategy: str = "bfd", seed: int = 0, window: int | None = None
+) -> Plan:
     """Plan rows of at most `max_len` tokens for samples of the given lengths.
 
     Lengths must already be in 1..max_len: over-length samples are resolved before planning
-    (see `packer.overlength`), so that no strategy can silently drop or cut anything.
+    (see `packer.overlength`), so that no strategy can silently drop or cut anything. With
+    `window`, each run of `window` consecutive samples is packed on its own (bounded memory,
+    parallel), at some cost in rows. The result depends only on the arguments.
     """
-    lengths = _check_lengths(np.asarray(lengths), max_len)
+    if max_len < 1:
+        raise UsageError(f"--max-len must be at least 1, got {max_len}")
     if strategy not in STRATEGIES:
         raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
-    if window is not None:
-        raise UsageError("--window is not supported yet")
+    if window is not None and window < 1:
+        raise UsageError(f"--window must be at least 1, got {window}")
+    lengths = _as_int_array(lengths)
+    max_len = int(max_len)
     if lengths.size == 0:
         return Plan(order=np.zeros(0, np.int64), row_starts=np.zeros(1, np.int64))
-    bin_of, num_rows = algorithms.best_fit_decreasing(lengths, max_len)
-    order, row_starts = _plan_from_bins(bin_of, num_rows)
+    if window is None or window >= lengths.size:
+        order, row_starts = _plan_arrays(lengths, max_len, strategy, seed)
+    else:
+        order, row_starts = _plan_windows(lengths, max_len, strategy, seed, int(window))
     return Plan(order=order, row_starts=row_starts)

@@ -1,0 +1,73 @@
+"""`packer plan`: compare packing strategies on a dataset's lengths, without writing anything."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+from packer.cli import DEBUG, JSON, app, user_errors
+
+
+@app.command("plan")
+def plan_command(
+    inputs: list[str] = typer.Argument(
+        ...,
+        metavar="INPUT...",
+        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs.",
+    ),
+    max_len: int = typer.Option(..., "--max-len", "-L", help="Row length L in tokens."),
+    strategy: str = typer.Option(
+        "all",
+        "--strategy",
+        help="A strategy (bfd, ffd, nf, ff-shuffle, histogram) or 'all' to compare them.",
+    ),
+    window: Optional[int] = typer.Option(
+        None,
+        "--window",
+        help="Pack within consecutive windows of W samples; the table then also shows the "
+        "global rows and the cost of windowing.",
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed for ff-shuffle."),
+    overlength: str = typer.Option(
+        "error",
+        "--overlength",
+        help="Samples longer than L: error, drop, truncate or split (as in `packer pack`).",
+    ),
+    input_column: str = typer.Option(
+        "input_ids", "--input-column", help="Column holding the token ids."
+    ),
+    json_out: bool = JSON,
+    debug: bool = DEBUG,
+) -> None:
+    """Plan rows from the sample lengths alone: a length histogram and, for each strategy, rows,
+    efficiency, rows / best lower bound and seconds."""
+    from packer.errors import UsageError
+    from packer.overlength import resolve
+    from packer.plan_report import compare_strategies, histogram_lines, strategy_table
+    from packer.planning import STRATEGIES
+    from packer.readers import read_samples
+    from packer.report import stderr
+
+    with user_errors(debug):
+        if max_len < 1:
+            raise UsageError(f"--max-len must be at least 1, got {max_len}")
+        if window is not None and window < 1:
+            raise UsageError(f"--window must be at least 1, got {window}")
+        if seed < 0:
+            raise UsageError(f"--seed must be non-negative, got {seed}")
+        if strategy != "all" and strategy not in STRATEGIES:
+            raise UsageError(
+                f"unknown --strategy '{strategy}' (choose from all, {', '.join(STRATEGIES)})"
+            )
+        names = STRATEGIES if strategy == "all" else (strategy,)
+        samples = read_samples(inputs, input_column, labels_column=None)
+        lengths = resolve(samples, max_len, overlength).length
+        report = compare_strategies(lengths, max_len, names, seed=seed, window=window)
+        if json_out:
+            sys.stdout.write(json.dumps(report) + "\n")
+        else:
+            stderr.print("\n".join(histogram_lines(report)), highlight=False)
+            stderr.print(strategy_table(report))
