@@ -15,7 +15,13 @@ from typing import Optional
 import typer
 
 from packer import __version__
-from packer.errors import EXIT_FAILURE, EXIT_INTERRUPTED, PackerError
+from packer.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    PackerError,
+    Terminated,
+)
 
 app = typer.Typer(
     name="packer",
@@ -60,10 +66,12 @@ def user_errors(debug: bool):
         if debug:
             raise
         raise fail(str(exc), exc.exit_code) from None
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as `Terminated`: clean-up has run
         if debug:
             raise
-        raise fail("interrupted", EXIT_INTERRUPTED) from None
+        if isinstance(exc, Terminated):
+            raise fail("terminated; no partial output was left", EXIT_TERMINATED) from None
+        raise fail("interrupted; no partial output was left", EXIT_INTERRUPTED) from None
     except OSError as exc:
         if debug:
             raise
@@ -111,6 +119,10 @@ def pack(
     labels_column: Optional[str] = typer.Option(None, "--labels-column",
         help="Column holding labels (-100 = no loss); when absent, labels are the input ids. "
         "[default: labels]"),
+    on_error: Optional[str] = typer.Option(None, "--on-error",
+        help="Bad samples (malformed line, empty, bad ids, labels length...): error stops at "
+        "the first and names it; skip leaves them out, counts them per reason and lists them "
+        "in rejects.jsonl in the output. [default: error]"),
     shard_rows: Optional[int] = typer.Option(None, "--shard-rows",
         help="Rows per output shard. [default: rows holding about 16M tokens]"),
     overwrite: bool = typer.Option(False, "--overwrite",
@@ -122,6 +134,7 @@ def pack(
 ) -> None:
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
     from packer.config import build_config
+    from packer.output import sigterm_as_interrupt
     from packer.pipeline import pack as run_pack
     from packer.report import pack_table, progress_bars, stderr
 
@@ -129,9 +142,9 @@ def pack(
         cfg = build_config(config, {
             "max_len": max_len, "strategy": strategy, "overlength": overlength, "pad": pad,
             "pad_id": pad_id, "seed": seed, "window": window, "input_column": input_column,
-            "labels_column": labels_column, "shard_rows": shard_rows,
+            "labels_column": labels_column, "shard_rows": shard_rows, "on_error": on_error,
         })
-        with progress_bars(not json_out) as progress:
+        with progress_bars(not json_out) as progress, sigterm_as_interrupt():
             result = run_pack(inputs, output, cfg, overwrite=overwrite, progress=progress)
         report = result.report()
         if json_out:

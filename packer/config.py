@@ -13,6 +13,8 @@ import yaml
 from packer.errors import UsageError
 from packer.overlength import POLICIES
 
+ON_ERROR = ("error", "skip")
+
 TARGET_SHARD_TOKENS = 1 << 24  # ~16M tokens: ~200 MB of int32 columns per shard
 
 
@@ -28,6 +30,7 @@ class PackConfig:
     input_column: str = "input_ids"
     labels_column: str = "labels"
     shard_rows: int | None = None  # None: as many rows as hold ~16M tokens
+    on_error: str = "error"  # bad samples: "error" stops at the first, "skip" leaves them out
 
     def rows_per_shard(self) -> int:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
@@ -45,6 +48,9 @@ class PackConfig:
         if self.overlength not in POLICIES:
             raise UsageError(
                 f"unknown --overlength '{self.overlength}' (choose from {', '.join(POLICIES)})")
+        if self.on_error not in ON_ERROR:
+            raise UsageError(
+                f"unknown --on-error '{self.on_error}' (choose from {', '.join(ON_ERROR)})")
         if not -(2**31) <= self.pad_id < 2**31:
             raise UsageError(f"--pad-id {self.pad_id} does not fit a 32-bit token id")
         if self.shard_rows is not None and self.shard_rows < 1:

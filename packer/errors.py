@@ -9,7 +9,8 @@ from __future__ import annotations
 
 EXIT_FAILURE = 1  # bad input data, I/O failure, failed verification
 EXIT_USAGE = 2  # bad options or configuration
-EXIT_INTERRUPTED = 130  # SIGINT
+EXIT_INTERRUPTED = 130  # SIGINT (128 + 2)
+EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
 
 
 class PackerError(Exception):
@@ -31,3 +32,11 @@ class UsageError(PackerError):
 
 class InputError(PackerError):
     """The input data is missing, unreadable or does not follow the expected schema."""
+
+
+class OutputError(PackerError):
+    """The output could not be written (full disk, permissions, I/O error); nothing was left."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be so that the same clean-up runs."""

@@ -1,17 +1,29 @@
-"""Atomic output directories: build beside the target, rename into place when complete.
+"""Atomic output directories: build beside the target, swap into place when complete.
 
 A run that dies at any moment leaves either no output or the previous complete output; the
 only trace is a hidden `.NAME.packer-tmp-*` directory, removed by the next run.
+
+Replacing an existing output is one atomic step on Linux (renameat2 with RENAME_EXCHANGE swaps
+the two directories); elsewhere, or on file systems without it, it is two renames, and a run
+killed between them is repaired by the next run (see `remove_stale`). SIGINT and SIGTERM are held
+back while the output is swapped, so Ctrl-C cannot land between the two steps either.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import shutil
+import signal
+import sys
+import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from packer.errors import UsageError
+from packer.errors import Terminated, UsageError
 
 TMP_MARK = ".packer-tmp-"
 OLD_MARK = ".packer-old-"
@@ -46,16 +58,25 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale(output: Path) -> None:
-    """Remove temporary directories left beside `output` by runs that were killed."""
+    """Clean up after runs that were killed: remove their temporary directories.
+
+    A `.packer-old-*` directory whose run died while `output` is missing is the previous
+    complete output, caught between the two renames of the fallback swap: it is put back.
+    """
     prefix_tmp = f".{output.name}{TMP_MARK}"
     prefix_old = f".{output.name}{OLD_MARK}"
-    for entry in output.parent.glob(f".{output.name}.packer-*"):
+    for entry in sorted(output.parent.glob(f".{output.name}.packer-*")):
         name = entry.name
         for prefix in (prefix_tmp, prefix_old):
-            if name.startswith(prefix):
-                pid_text = name[len(prefix):].split("-", 1)[0]
-                if pid_text.isdigit() and not _pid_alive(int(pid_text)):
-                    shutil.rmtree(entry, ignore_errors=True)
+            if not name.startswith(prefix):
+                continue
+            pid_text = name[len(prefix):].split("-", 1)[0]
+            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+                continue
+            if prefix == prefix_old and not (output.exists() or output.is_symlink()):
+                os.rename(entry, output)
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def make_temp_dir(output: Path) -> Path:
@@ -65,25 +86,94 @@ def make_temp_dir(output: Path) -> Path:
     return tmp
 
 
-def commit(tmp: Path, output: Path) -> None:
-    """Move a complete temporary output into place, replacing an old one."""
-    _fsync_dir(tmp)
-    if output.exists():
-        old = output.parent / f".{output.name}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.rename(output, old)
-        try:
+# --------------------------------------------------------------------------------------------
+# renameat2 (Linux >= 3.15, glibc >= 2.28), through ctypes
+
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2_fn = None
+
+
+def _load_renameat2():
+    global _renameat2_fn
+    if _renameat2_fn is None:
+        fn = False
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).renameat2
+                fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                               ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = False
+        _renameat2_fn = fn
+    return _renameat2_fn
+
+
+def _renameat2(src: Path, dst: Path, flags: int) -> bool:
+    """Rename with flags; False when the system or file system does not support it."""
+    fn = _load_renameat2()
+    if not fn:
+        return False
+    if fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), flags) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), str(src), None, str(dst))
+
+
+# --------------------------------------------------------------------------------------------
+# Commit and discard
+
+
+def commit(tmp: Path, output: Path, overwrite: bool = True) -> None:
+    """Move a complete temporary output into place, replacing an old one when `overwrite`.
+
+    Every file is flushed to disk before the swap, so that after a power loss the output is
+    not a directory of empty shards.
+    """
+    _fsync_tree(tmp)
+    with deferred_signals():
+        if output.exists() or output.is_symlink():
+            if not overwrite:
+                raise UsageError("output appeared while packing; not replacing it without "
+                                 "--overwrite", where=str(output))
+            if _renameat2(tmp, output, _RENAME_EXCHANGE):
+                shutil.rmtree(tmp, ignore_errors=True)  # holds the old output now
+            else:
+                _replace_by_two_renames(tmp, output)
+        elif not _renameat2(tmp, output, _RENAME_NOREPLACE):
             os.rename(tmp, output)
-        except BaseException:
-            os.rename(old, output)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
+        _fsync_dir(output.parent)
+
+
+def _replace_by_two_renames(tmp: Path, output: Path) -> None:
+    old = output.parent / f".{output.name}{OLD_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.rename(output, old)
+    try:
         os.rename(tmp, output)
-    _fsync_dir(output.parent)
+    except BaseException:
+        os.rename(old, output)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def discard(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
+    with deferred_signals():
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_tree(path: Path) -> None:
+    for entry in path.iterdir():
+        if entry.is_file():
+            fd = os.open(entry, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    _fsync_dir(path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -97,3 +187,54 @@ def _fsync_dir(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+# --------------------------------------------------------------------------------------------
+# Signals
+
+_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None))
+                 if s is not None)
+
+
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM back for a short critical section, then deliver them.
+
+    Python runs signal handlers in the main thread only, so swapping the Python-level handlers
+    is enough (blocking with a signal mask would not be: arrow's threads could take the signal).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = {}
+    for signum in _SIGNALS:
+        previous[signum] = signal.signal(signum, lambda s, _f: received.append(s))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if received:
+            handler = previous[received[0]]
+            if callable(handler):
+                handler(received[0], None)
+            elif handler != signal.SIG_IGN:
+                signal.raise_signal(received[0])
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While active, SIGTERM raises `Terminated` (a KeyboardInterrupt), so it cleans up as Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

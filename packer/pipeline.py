@@ -14,6 +14,7 @@ from pathlib import Path
 
 from packer import __version__, output
 from packer.config import PackConfig
+from packer.errors import OutputError
 from packer.overlength import Segments, resolve
 from packer.planning import Plan, lower_bound, plan
 from packer.readers import read_samples
@@ -22,6 +23,7 @@ from packer.shards import write_shards
 from packer.writer import SCHEMA
 
 MANIFEST = "manifest.json"
+REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
 FORMAT_VERSION = 1
 
 # progress(stage, done, total): stage is "read" (files) or "write" (rows)
@@ -52,9 +54,12 @@ def compute_stats(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig,
     tokens = int(segs.length.sum())
     lb = lower_bound(tokens, cfg.max_len)
     rows = pl.num_rows
+    rejects = samples.rejects
     return {
-        "samples_in": samples.num_samples,
+        "samples_in": samples.num_input_samples,
         "samples_packed": samples.num_samples - segs.dropped,
+        "rejected": samples.num_rejected,
+        "rejected_by_reason": dict(sorted(rejects.counts.items())) if rejects else {},
         "dropped": segs.dropped,
         "truncated": segs.truncated,
         "split": segs.split,
@@ -71,7 +76,8 @@ def compute_stats(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig,
     }
 
 
-def build_manifest(cfg: PackConfig, samples: Samples, stats: dict, shards: list[dict]) -> dict:
+def build_manifest(cfg: PackConfig, samples: Samples, stats: dict, shards: list[dict],
+                   rejects: dict | None = None) -> dict:
     return {
         "packer_version": __version__,
         "format_version": FORMAT_VERSION,
@@ -80,12 +86,24 @@ def build_manifest(cfg: PackConfig, samples: Samples, stats: dict, shards: list[
         "inputs": [
             {"path": str(s.path), "format": s.format, "bytes": s.size,
              "fingerprint": s.fingerprint, "samples": s.num_samples,
-             "first_index": s.first_index, "has_labels": s.has_labels}
+             "first_index": s.first_index, "has_labels": s.has_labels, "rejected": s.rejected}
             for s in samples.sources
         ],
         "shards": shards,
+        "rejects": rejects,
         "stats": stats,
     }
+
+
+def _write_rejects(samples: Samples, tmp: Path) -> dict:
+    """rejects.jsonl: file, line (JSONL) or row (Parquet/Arrow), sample_index, reason, message."""
+    from packer.writer import sha256_file
+
+    path = tmp / REJECTS
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(samples.rejects.jsonl_lines() if samples.rejects else ())
+    return {"file": REJECTS, "count": samples.num_rejected, "bytes": path.stat().st_size,
+            "sha256": sha256_file(path)}
 
 
 def pack(
@@ -116,32 +134,50 @@ def pack(
         if progress:
             progress("read", n_files[0], 0)
 
-    samples = read_samples(inputs, cfg.input_column, cfg.labels_column or None, progress=on_file)
+    samples = read_samples(inputs, cfg.input_column, cfg.labels_column or None, progress=on_file,
+                           on_error=cfg.on_error)
     timings["read"] = time.perf_counter() - t0
 
     t = time.perf_counter()
     segs = resolve(samples, cfg.max_len, cfg.overlength)
+    if samples.index is not None:  # --on-error skip left samples out: keep input numbering
+        segs.sample = samples.index[segs.sample]
     pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
     timings["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    tmp = output.make_temp_dir(out)
+    try:
+        tmp = output.make_temp_dir(out)
+    except OSError as exc:
+        raise OutputError(f"cannot create a temporary directory: {_os_reason(exc)}",
+                          where=str(out.parent)) from None
     try:
         shards = write_shards(samples, segs, pl, cfg, tmp, progress, workers)
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens)
-        manifest = build_manifest(cfg, samples, stats, shards)
+        rejects = _write_rejects(samples, tmp) if cfg.on_error == "skip" else None
+        manifest = build_manifest(cfg, samples, stats, shards, rejects)
+        # The manifest is written last: a directory with shards but no manifest is never complete.
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2, sort_keys=True)
             fh.write("\n")
-        output.commit(tmp, out)
+        output.commit(tmp, out, overwrite=overwrite)
+    except OSError as exc:
+        output.discard(tmp)
+        raise OutputError(f"cannot write the output: {_os_reason(exc)}; nothing was written",
+                          where=str(out)) from None
     except BaseException:
         output.discard(tmp)
         raise
     timings["write"] = time.perf_counter() - t
     return PackResult(output=out, stats=stats, shards=shards,
                       seconds=time.perf_counter() - t0, timings=timings)
+
+
+def _os_reason(exc: OSError) -> str:
+    text = exc.strerror or str(exc)
+    return f"{text} [{exc.filename}]" if exc.filename else text
 
 
 def read_manifest(output_dir: str | Path) -> dict:

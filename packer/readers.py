@@ -3,6 +3,12 @@
 Each format has one small function that returns an Arrow table holding the token column and,
 when present, the labels column. Everything after that (type checks, id ranges, empty samples,
 label lengths, flattening to numpy) is shared, so adding a format touches one function.
+
+Validation gives every row a reason code (0 = valid) with whole-array numpy operations, so valid
+data never goes through per-sample Python. `on_error="error"` stops at the first bad row and
+names it; `on_error="skip"` drops the bad rows and records each one in `Samples.rejects`.
+Skipped rows still consume a global sample index, so `sample_index` in the output always points
+at the sample's position in the input (file order, then row order).
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +28,15 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from packer.errors import InputError
-from packer.samples import IGNORE_INDEX, INT32_MAX, Samples, SourceFile
+from packer.samples import (
+    IGNORE_INDEX,
+    INT32_MAX,
+    REASON_CODE,
+    REASONS,
+    Rejects,
+    Samples,
+    SourceFile,
+)
 
 _SUFFIXES = {
     ".jsonl": ("jsonl", None),
@@ -117,63 +133,203 @@ def fingerprint(path: Path) -> str:
 # Per-format table readers
 
 
+@dataclass
+class RawTable:
+    """What a format reader returns: the wanted columns, plus rows it could not parse at all.
+
+    `parse_codes` (uint8 per row, see `REASONS`) and `messages` are set only for JSONL files that
+    the fast reader rejected; those rows are null in `table` so the row numbering is kept.
+    `lines` is the 1-based line number of every row when the reader already knows it.
+    """
+
+    table: pa.Table
+    parse_codes: np.ndarray | None = None
+    messages: dict[int, str] = field(default_factory=dict)
+    lines: np.ndarray | None = None
+
+
 def _json_schema(columns: list[str]) -> pa.Schema:
     return pa.schema([(c, pa.list_(pa.int64())) for c in columns])
 
 
-def _read_jsonl(path: Path, columns: list[str]) -> pa.Table:
+_JSON_BLOCK = 16 << 20
+_JSON_SPACE = b" \t\r"  # what arrow's JSON reader skips; a line of only these is blank
+_LEAF_LINES = 16  # below this many lines, failing chunks are checked line by line in Python
+
+
+def _read_jsonl(path: Path, columns: list[str]) -> RawTable:
     _, compression = detect_format(path)
     try:
-        return pa_json.read_json(
+        table = pa_json.read_json(
             pa.input_stream(str(path), compression=compression),
-            read_options=pa_json.ReadOptions(block_size=16 << 20),
+            read_options=pa_json.ReadOptions(block_size=_JSON_BLOCK),
             parse_options=pa_json.ParseOptions(
                 explicit_schema=_json_schema(columns), unexpected_field_behavior="ignore"
             ),
         )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError) as exc:
-        # The fast parser says little about where; re-read line by line to name the line.
-        raise _diagnose_jsonl(path, columns, str(exc)) from None
+        return RawTable(table)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+        # The fast parser stops at the first bad line and says little about where; re-read by
+        # chunks of lines to find every bad line and keep the good ones.
+        return _read_jsonl_by_lines(path, columns)
     except OSError as exc:
         raise InputError(f"cannot read: {exc}", where=str(path)) from None
 
 
-def _diagnose_jsonl(path: Path, columns: list[str], arrow_message: str) -> InputError:
+def _read_bytes(path: Path) -> bytes:
+    _, compression = detect_format(path)
     try:
-        with open_text(path) as fh:
-            for lineno, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                problem = jsonl_line_problem(line, columns)
-                if problem:
-                    return InputError(problem, where=f"{path}: line {lineno}")
-    except UnicodeDecodeError as exc:
-        return InputError(f"not UTF-8 text ({exc.reason})", where=str(path))
-    except OSError as exc:
-        return InputError(f"cannot read: {exc}", where=str(path))
-    return InputError(f"cannot parse JSONL: {arrow_message}", where=str(path))
+        with pa.input_stream(str(path), compression=compression) as stream:
+            return stream.read()
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"cannot read: {exc}", where=str(path)) from None
 
 
-def jsonl_line_problem(line: str, columns: list[str]) -> str | None:
-    """What is wrong with one JSONL line for the given list-of-int columns, or None."""
+def _line_spans(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, 1-based line number) of every non-blank line; vectorized over the bytes."""
+    buf = np.frombuffer(data, np.uint8)
+    newlines = np.flatnonzero(buf == 10)
+    starts = np.concatenate(([0], newlines + 1)).astype(np.int64)
+    ends = np.concatenate((newlines, [buf.size])).astype(np.int64)
+    numbers = np.arange(1, starts.size + 1, dtype=np.int64)
+    nonempty = ends > starts
+    # A line whose first byte is not JSON whitespace is not blank; only the rare others are
+    # looked at one by one.
+    first = buf[np.minimum(starts, max(buf.size - 1, 0))] if buf.size else np.zeros(0, np.uint8)
+    maybe_blank = nonempty & np.isin(first, np.frombuffer(_JSON_SPACE, np.uint8))
+    keep = nonempty.copy()
+    for i in np.flatnonzero(maybe_blank).tolist():
+        keep[i] = bool(data[starts[i]:ends[i]].strip(_JSON_SPACE))
+    return starts[keep], ends[keep], numbers[keep]
+
+
+def jsonl_line_numbers(path: Path) -> np.ndarray:
+    """1-based line number of every sample (non-blank line) of a JSONL file."""
+    return _line_spans(_read_bytes(path))[2]
+
+
+def _read_jsonl_by_lines(path: Path, columns: list[str]) -> RawTable:
+    data = _read_bytes(path)
+    starts, ends, numbers = _line_spans(data)
+    schema = _json_schema(columns)
+    whole = pa.py_buffer(data)
+    longest = int((ends - starts).max()) if starts.size else 0
+    read_options = pa_json.ReadOptions(use_threads=False,
+                                       block_size=max(_JSON_BLOCK, 2 * longest + 1024))
+    parse_options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
+    null_row = pa.table({c: pa.nulls(1, pa.list_(pa.int64())) for c in columns}, schema=schema)
+    pieces: list[pa.Table] = []
+    bad_rows: list[int] = []
+    bad_codes: list[int] = []
+    messages: dict[int, str] = {}
+
+    def parse(i: int, j: int) -> pa.Table:
+        """Lines i..j-1 (indices into the non-blank lines) as one table, or ArrowInvalid."""
+        chunk = whole.slice(int(starts[i]), int(ends[j - 1] - starts[i]))
+        table = pa_json.read_json(pa.BufferReader(chunk), read_options=read_options,
+                                  parse_options=parse_options)
+        if table.num_rows != j - i:  # e.g. two objects on one line
+            raise pa.ArrowInvalid(f"{table.num_rows} JSON values on {j - i} line(s)")
+        return table
+
+    def bad(i: int, reason: str, message: str) -> None:
+        bad_rows.append(i)
+        bad_codes.append(REASON_CODE[reason])
+        messages[i] = message
+        pieces.append(null_row)  # keeps the row numbering; the row is rejected
+
+    def good_run(i: int, j: int) -> None:
+        if i == j:
+            return
+        try:
+            pieces.append(parse(i, j))
+            return
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            if j - i == 1:
+                bad(i, "malformed_json", f"cannot parse this line ({exc})")
+                return
+        for k in range(i, j):
+            good_run(k, k + 1)
+
+    def leaf(i: int, j: int) -> None:
+        run = i
+        for k in range(i, j):
+            problem = _line_problem(data[starts[k]:ends[k]], columns)
+            if problem:
+                good_run(run, k)
+                bad(k, *problem)
+                run = k + 1
+        good_run(run, j)
+
+    def solve(i: int, j: int) -> None:
+        try:
+            pieces.append(parse(i, j))
+            return
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+        if j - i <= _LEAF_LINES:
+            leaf(i, j)
+            return
+        mid = (i + j) // 2
+        solve(i, mid)
+        solve(mid, j)
+
+    n = int(starts.size)
+    step = 1 << 14
+    for i in range(0, n, step):
+        solve(i, min(n, i + step))
+    table = pa.concat_tables(pieces) if pieces else schema.empty_table()
+    codes = np.zeros(table.num_rows, np.uint8)
+    codes[np.asarray(bad_rows, np.int64)] = np.asarray(bad_codes, np.uint8)
+    return RawTable(table, parse_codes=codes, messages=messages, lines=numbers)
+
+
+def _line_problem(line: bytes | str, columns: list[str]) -> tuple[str, str] | None:
+    """(reason, message) for what is wrong with one JSONL line, or None."""
+    if isinstance(line, bytes):
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return "malformed_json", f"not UTF-8 text ({exc.reason} at byte {exc.start})"
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        return f"malformed JSON ({exc.msg} at column {exc.colno})"
+        return "malformed_json", f"malformed JSON ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return "malformed_json", "malformed JSON (nested too deeply)"
     if not isinstance(obj, dict):
-        return f"expected a JSON object, got {type(obj).__name__}"
+        return "malformed_json", f"expected a JSON object, got {type(obj).__name__}"
     for name in columns:
         value = obj.get(name)
         if value is None:
             continue  # absent columns are reported after reading, with the rest of the file
         if not isinstance(value, list):
-            return f"'{name}' must be a list of integers, got {type(value).__name__}"
+            return "not_integer_list", (f"'{name}' must be a list of integers, got "
+                                        f"{type(value).__name__}")
         for pos, v in enumerate(value):
             if isinstance(v, bool) or not isinstance(v, int):
-                return f"'{name}'[{pos}] is {v!r}, not an integer"
+                return "not_integer_list", f"'{name}'[{pos}] is {_short(v)}, not an integer"
             if not -(2**63) <= v < 2**63:
-                return f"'{name}'[{pos}] = {v} does not fit a 32-bit token id"
+                if v < 0:
+                    return "negative_id", f"'{name}'[{pos}] = {_short(v)} is a negative id"
+                return "id_out_of_range", (f"'{name}'[{pos}] = {_short(v)} does not fit a 32-bit "
+                                           "token id")
     return None
+
+
+def _short(value) -> str:
+    """A value as JSON text (null, true, 2.5, "abc"), cut to 40 characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def jsonl_line_problem(line: str, columns: list[str]) -> str | None:
+    """What is wrong with one JSONL line for the given list-of-int columns, or None."""
+    problem = _line_problem(line, columns)
+    return problem[1] if problem else None
 
 
 def _list_of_int(type_: pa.DataType) -> bool:
@@ -182,7 +338,7 @@ def _list_of_int(type_: pa.DataType) -> bool:
     ) and pa.types.is_integer(type_.value_type)
 
 
-def _select(table: pa.Table, path: Path, columns: list[str]) -> pa.Table:
+def _select(table: pa.Table, path: Path, columns: list[str]) -> RawTable:
     """Keep the wanted columns that exist; a present column must be a list of integers."""
     keep = {}
     for name in columns:
@@ -193,10 +349,10 @@ def _select(table: pa.Table, path: Path, columns: list[str]) -> pa.Table:
             raise InputError(f"column '{name}' has type {type_}, expected a list of integers",
                              where=str(path))
         keep[name] = table.column(name)
-    return pa.table(keep) if keep else pa.table({"__rows__": pa.nulls(table.num_rows)})
+    return RawTable(pa.table(keep) if keep else pa.table({"__rows__": pa.nulls(table.num_rows)}))
 
 
-def _read_parquet(path: Path, columns: list[str]) -> pa.Table:
+def _read_parquet(path: Path, columns: list[str]) -> RawTable:
     try:
         schema = pq.read_schema(path)
         present = [c for c in columns if c in schema.names]
@@ -208,7 +364,7 @@ def _read_parquet(path: Path, columns: list[str]) -> pa.Table:
     return _select(table, path, columns)
 
 
-def _read_arrow(path: Path, columns: list[str]) -> pa.Table:
+def _read_arrow(path: Path, columns: list[str]) -> RawTable:
     try:
         source = pa.memory_map(str(path))
         try:
@@ -221,7 +377,7 @@ def _read_arrow(path: Path, columns: list[str]) -> pa.Table:
     return _select(table, path, columns)
 
 
-READERS: dict[str, Callable[[Path, list[str]], pa.Table]] = {
+READERS: dict[str, Callable[[Path, list[str]], RawTable]] = {
     "jsonl": _read_jsonl,
     "parquet": _read_parquet,
     "arrow": _read_arrow,
@@ -229,119 +385,199 @@ READERS: dict[str, Callable[[Path, list[str]], pa.Table]] = {
 
 
 # --------------------------------------------------------------------------------------------
-# Shared validation and flattening
+# Shared validation and flattening: one reason code per row, whole-array operations only
+
+_C = REASON_CODE
 
 
-def _flatten(column: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values, lengths, is_null) of a list column, without per-row Python objects."""
-    values, lengths, nulls = [], [], []
+@dataclass
+class _Column:
+    """A list<int> column as flat numpy: values, per-row lengths and ends, nulls."""
+
+    values: np.ndarray
+    lengths: np.ndarray
+    is_null: np.ndarray  # row is null
+    null_values: np.ndarray  # positions in `values` of null entries inside lists
+
+    @cached_property
+    def ends(self) -> np.ndarray:
+        return np.cumsum(self.lengths)
+
+    def row_of(self, positions: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self.ends, positions, side="right")
+
+    def span(self, row: int) -> tuple[int, int]:
+        end = int(self.ends[row])
+        return end - int(self.lengths[row]), end
+
+
+def _flatten(column: pa.ChunkedArray) -> _Column:
+    """Flat values of a list column, without per-row Python objects."""
+    values, lengths, nulls, null_values = [], [], [], []
+    base = 0
     for chunk in column.chunks:
         offsets = chunk.offsets.to_numpy()
         child = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
         if child.null_count:
-            raise ValueError("null inside list")
+            null_values.append(np.flatnonzero(child.is_null().to_numpy(zero_copy_only=False))
+                               + base)
+            child = child.fill_null(0)
         values.append(child.to_numpy(zero_copy_only=False))
         lengths.append(np.diff(offsets).astype(np.int64))
         nulls.append(chunk.is_null().to_numpy(zero_copy_only=False))
+        base += len(child)
     if not values:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool)
-    return np.concatenate(values), np.concatenate(lengths), np.concatenate(nulls)
+        return _Column(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool),
+                       np.zeros(0, np.int64))
+    return _Column(np.concatenate(values), np.concatenate(lengths), np.concatenate(nulls),
+                   np.concatenate(null_values) if null_values else np.zeros(0, np.int64))
 
 
-def _first_row(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0])
-
-
-def _row_of_value(lengths: np.ndarray, value_pos: int) -> int:
-    return int(np.searchsorted(np.cumsum(lengths), value_pos, side="right"))
-
-
-def _check_ids(
-    values: np.ndarray, lengths: np.ndarray, name: str, allow_ignore: bool
-) -> tuple[int, str] | None:
-    """(row, problem) for the first out-of-range value, or None."""
+def _value_problems(col: _Column, allow_ignore: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, codes) of rows holding an id out of range; the first bad value of a row decides."""
+    values = col.values
+    none = np.zeros(0, np.int64), np.zeros(0, np.uint8)
     if values.size == 0:
-        return None
-    bad = values < 0
-    if allow_ignore:
-        bad &= values != IGNORE_INDEX
-    if values.dtype.itemsize > 4 or values.dtype.kind == "u":
-        too_big = values > INT32_MAX
-    else:
-        too_big = np.zeros(values.shape, bool)
-    if not bad.any() and not too_big.any():
-        return None
-    pos_bad = _first_row(bad) if bad.any() else values.size
-    pos_big = _first_row(too_big) if too_big.any() else values.size
-    pos = min(pos_bad, pos_big)
-    row = _row_of_value(lengths, pos)
-    within = pos - int(np.sum(lengths[:row]))
-    v = int(values[pos])
-    if pos == pos_big:
-        return row, f"'{name}'[{within}] = {v} does not fit a 32-bit token id"
-    what = "negative token id" if not allow_ignore else "negative label other than -100"
-    return row, f"'{name}'[{within}] = {v} is a {what}"
+        return none
+    signed = values.dtype.kind == "i"
+    wide = values.dtype.itemsize > 4 or values.dtype.kind == "u"
+    if values.min() >= 0 and (not wide or values.max() <= INT32_MAX):
+        return none  # the common case: two reductions, no temporary arrays
+    negative = values < 0 if signed else np.zeros(values.shape, bool)
+    if allow_ignore and signed:
+        negative &= values != IGNORE_INDEX
+    big = values > INT32_MAX if wide else np.zeros(values.shape, bool)
+    pos = np.flatnonzero(negative | big)
+    if pos.size == 0:
+        return none
+    rows = col.row_of(pos)
+    rows, first = np.unique(rows, return_index=True)
+    codes = np.where(big[pos[first]], _C["id_out_of_range"], _C["negative_id"]).astype(np.uint8)
+    return rows, codes
 
 
-def _table_to_arrays(
-    table: pa.Table, src: SourceFile, input_column: str, labels_column: str | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Validated (tokens int32, lengths int64, labels int32 | None) of one file."""
-    where = str(src.path)
+@dataclass
+class _Checked:
+    """One file after validation: per-row codes and the flat arrays."""
+
+    codes: np.ndarray  # uint8 per row, 0 = valid
+    ids: _Column
+    labels: _Column | None
+    messages: dict[int, str]
+    input_column: str
+    labels_column: str | None
+
+    def message(self, row: int) -> str:
+        """The one-line problem of a rejected row (computed for bad rows only)."""
+        if row in self.messages:
+            return self.messages[row]
+        code = REASONS[int(self.codes[row]) - 1]
+        name, lab = self.input_column, self.labels_column
+        if code == "missing_input_ids":
+            return f"no '{name}' in this sample"
+        if code == "empty":
+            return f"empty sample: '{name}' is []"
+        if code == "missing_labels":
+            return f"no '{lab}' in this sample, though other samples have them"
+        if code == "labels_length":
+            return (f"'{lab}' has {int(self.labels.lengths[row])} entries but '{name}' has "
+                    f"{int(self.ids.lengths[row])}")
+        for col_name, col, allow in ((name, self.ids, False), (lab, self.labels, True)):
+            if col is None:
+                continue
+            text = _describe_values(col, row, col_name, allow)
+            if text:
+                return text
+        return code.replace("_", " ")
+
+
+def _describe_values(col: _Column, row: int, name: str, allow_ignore: bool) -> str | None:
+    start, end = col.span(row)
+    nulls = col.null_values[(col.null_values >= start) & (col.null_values < end)]
+    if nulls.size:
+        return f"'{name}'[{int(nulls[0]) - start}] is null, not an integer"
+    for k, v in enumerate(col.values[start:end].tolist()):
+        if v > INT32_MAX:
+            return f"'{name}'[{k}] = {v} does not fit a 32-bit token id"
+        if v < 0 and not (allow_ignore and v == IGNORE_INDEX):
+            what = "negative label other than -100" if allow_ignore else "negative token id"
+            return f"'{name}'[{k}] = {v} is a {what}"
+    return None
+
+
+def _check_table(raw: RawTable, where: str, input_column: str,
+                 labels_column: str | None) -> _Checked:
+    table = raw.table
     if input_column not in table.column_names:
         raise InputError(f"no '{input_column}' column", where=where)
-    try:
-        ids, lengths, nulls = _flatten(table.column(input_column))
-    except ValueError:
-        raise InputError(f"'{input_column}' holds null token ids", where=where) from None
-    if nulls.any():
-        raise InputError(f"no '{input_column}' in this sample", where=src.locate(_first_row(nulls)))
-    empty = lengths == 0
-    if empty.any():
-        raise InputError(f"empty sample: '{input_column}' is []", where=src.locate(_first_row(empty)))
-    problem = _check_ids(ids, lengths, input_column, allow_ignore=False)
-    if problem:
-        raise InputError(problem[1], where=src.locate(problem[0]))
+    n = table.num_rows
+    ids = _flatten(table.column(input_column))
+    parse = raw.parse_codes if raw.parse_codes is not None else np.zeros(n, np.uint8)
+    if n and ids.is_null.all() and not parse.any():
+        raise InputError(f"no sample has '{input_column}'", where=where)
 
+    codes = np.zeros(n, np.uint8)
     labels = None
     if labels_column and labels_column in table.column_names:
-        try:
-            lab, lab_lengths, lab_nulls = _flatten(table.column(labels_column))
-        except ValueError:
-            raise InputError(f"'{labels_column}' holds null labels", where=where) from None
-        if lab_nulls.all():
-            lab = None  # JSONL without the key at all
-        elif lab_nulls.any():
-            raise InputError(f"no '{labels_column}' in this sample, though other samples have them",
-                             where=src.locate(_first_row(lab_nulls)))
-        if lab is not None:
-            wrong = lab_lengths != lengths
-            if wrong.any():
-                r = _first_row(wrong)
-                raise InputError(
-                    f"'{labels_column}' has {lab_lengths[r]} entries but '{input_column}' has "
-                    f"{lengths[r]}", where=src.locate(r))
-            problem = _check_ids(lab, lengths, labels_column, allow_ignore=True)
-            if problem:
-                raise InputError(problem[1], where=src.locate(problem[0]))
-            labels = lab.astype(np.int32, copy=False)
-    return ids.astype(np.int32, copy=False), lengths, labels
+        labels = _flatten(table.column(labels_column))
+        if (labels.is_null | (parse != 0)).all():
+            labels = None  # JSONL without the key at all
+    # Assign from the lowest priority up, so the most basic problem of a row is the one named.
+    if labels is not None:
+        rows, c = _value_problems(labels, allow_ignore=True)
+        codes[rows] = c
+        codes[labels.row_of(labels.null_values)] = _C["not_integer_list"]
+        codes[(labels.lengths != ids.lengths) & ~labels.is_null] = _C["labels_length"]
+        codes[labels.is_null] = _C["missing_labels"]
+    rows, c = _value_problems(ids, allow_ignore=False)
+    codes[rows] = c
+    codes[ids.row_of(ids.null_values)] = _C["not_integer_list"]
+    codes[ids.lengths == 0] = _C["empty"]
+    codes[ids.is_null] = _C["missing_input_ids"]
+    np.copyto(codes, parse, where=parse != 0)
+    return _Checked(codes, ids, labels, raw.messages, input_column, labels_column)
 
 
 def read_file(
     path: Path, input_column: str = "input_ids", labels_column: str | None = "labels",
-    first_index: int = 0,
-) -> tuple[SourceFile, np.ndarray, np.ndarray, np.ndarray | None]:
+    first_index: int = 0, on_error: str = "error", rejects: Rejects | None = None,
+) -> tuple[SourceFile, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Read and validate one file: (source, tokens int32, lengths, labels int32 | None, kept).
+
+    `kept` is None when every row is valid, else the rows (0-based, within the file) that were
+    kept; with `on_error="error"` the first bad row raises `InputError` instead.
+    """
     fmt, _ = detect_format(path)
     columns = [input_column] + ([labels_column] if labels_column else [])
-    table = READERS[fmt](path, columns)
+    raw = READERS[fmt](path, columns)
     src = SourceFile(
-        path=path, format=fmt, num_samples=table.num_rows, first_index=first_index,
+        path=path, format=fmt, num_samples=raw.table.num_rows, first_index=first_index,
         size=path.stat().st_size, fingerprint=fingerprint(path), has_labels=False,
+        _lines=raw.lines,
     )
-    ids, lengths, labels = _table_to_arrays(table, src, input_column, labels_column)
+    checked = _check_table(raw, str(path), input_column, labels_column)
+    ids, labels = checked.ids, checked.labels
+    kept = None
+    bad = np.flatnonzero(checked.codes)
+    if bad.size:
+        if on_error != "skip":
+            first = int(bad[0])
+            raise InputError(checked.message(first), where=src.locate(first))
+        if rejects is not None:
+            rejects.add(src, bad, checked.codes[bad], [checked.message(r) for r in bad.tolist()])
+        src.rejected = int(bad.size)
+        keep = checked.codes == 0
+        kept = np.flatnonzero(keep)
+        values = ids.values[np.repeat(keep, ids.lengths)]
+        label_values = labels.values[np.repeat(keep, labels.lengths)] if labels else None
+        lengths = ids.lengths[keep]
+    else:
+        values, lengths = ids.values, ids.lengths
+        label_values = labels.values if labels else None
     src.has_labels = labels is not None
-    return src, ids, lengths, labels
+    tokens = values.astype(np.int32, copy=False)
+    lab = label_values.astype(np.int32, copy=False) if label_values is not None else None
+    return src, tokens, lengths, lab, kept
 
 
 def read_samples(
@@ -350,14 +586,23 @@ def read_samples(
     labels_column: str | None = "labels",
     require_labels: bool = False,
     progress: Callable[[Path], None] | None = None,
+    on_error: str = "error",
 ) -> Samples:
-    """Read and validate every input file into one `Samples` (files in the given, sorted order)."""
+    """Read and validate every input file into one `Samples` (files in the given, sorted order).
+
+    on_error: "error" raises `InputError` at the first bad sample; "skip" leaves bad samples out
+    and lists them in `Samples.rejects` (their global indices stay reserved, see `Samples.index`).
+    """
+    if on_error not in ("error", "skip"):
+        raise ValueError(f"on_error must be 'error' or 'skip', got {on_error!r}")
     paths = expand_inputs(inputs)
     sources: list[SourceFile] = []
-    ids_parts, len_parts, lab_parts = [], [], []
+    ids_parts, len_parts, lab_parts, index_parts = [], [], [], []
+    rejects = Rejects() if on_error == "skip" else None
     first = 0
     for path in paths:
-        src, ids, lengths, labels = read_file(path, input_column, labels_column, first)
+        src, ids, lengths, labels, kept = read_file(
+            path, input_column, labels_column, first, on_error, rejects)
         if sources and src.has_labels != sources[0].has_labels:
             with_, without = (src, sources[0]) if src.has_labels else (sources[0], src)
             raise InputError(
@@ -369,15 +614,31 @@ def read_samples(
         ids_parts.append(ids)
         len_parts.append(lengths)
         lab_parts.append(labels)
+        index_parts.append(first + (kept if kept is not None else
+                                    np.arange(src.num_samples, dtype=np.int64)))
         first += src.num_samples
         if progress:
             progress(path)
+    kept_total = sum(len(x) for x in len_parts)
     if first == 0:
         raise InputError("the dataset is empty: the inputs hold no samples")
-    offsets = np.zeros(first + 1, np.int64)
+    if kept_total == 0:
+        raise InputError(f"the dataset is empty: all {first} samples were rejected "
+                         f"({_counts_text(rejects)})")
+    offsets = np.zeros(kept_total + 1, np.int64)
     np.cumsum(np.concatenate(len_parts), out=offsets[1:])
     tokens = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
     labels = None
     if sources[0].has_labels:
         labels = np.concatenate(lab_parts) if len(lab_parts) > 1 else lab_parts[0]
-    return Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources)
+    index = None
+    if kept_total != first:
+        index = np.concatenate(index_parts).astype(np.int64, copy=False)
+    return Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index,
+                   rejects=rejects)
+
+
+def _counts_text(rejects: Rejects | None) -> str:
+    if not rejects:
+        return ""
+    return ", ".join(f"{k}: {v}" for k, v in sorted(rejects.counts.items()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +11,20 @@ import numpy as np
 IGNORE_INDEX = -100
 INT32_MAX = np.iinfo(np.int32).max
 
+# Why a sample can be rejected. Code i + 1 in the readers' per-row uint8 arrays is REASONS[i];
+# 0 means valid. These names appear in rejects.jsonl and in the manifest's stats.
+REASONS = (
+    "malformed_json",  # not JSON, not UTF-8, not an object, or a line arrow cannot parse
+    "not_integer_list",  # input_ids / labels is not a list of integers (string, float, null...)
+    "missing_input_ids",  # the token column is absent or null in this sample
+    "empty",  # the token list is []
+    "negative_id",  # a negative token id, or a negative label other than -100
+    "id_out_of_range",  # an id that does not fit int32
+    "missing_labels",  # no labels in this sample, though other samples of the file have them
+    "labels_length",  # labels and input_ids differ in length
+)
+REASON_CODE = {name: i + 1 for i, name in enumerate(REASONS)}
+
 
 @dataclass
 class SourceFile:
@@ -17,33 +32,68 @@ class SourceFile:
 
     path: Path
     format: str  # "jsonl", "parquet" or "arrow"
-    num_samples: int
+    num_samples: int  # rows in the file, rejected ones included
     first_index: int
     size: int
     fingerprint: str
     has_labels: bool
+    rejected: int = 0
     # For JSONL: 1-based line number of every sample, filled only when an error needs it.
     _lines: np.ndarray | None = field(default=None, repr=False)
 
+    def position(self, row: int) -> tuple[str, int]:
+        """("line", 1-based line) for JSONL, ("row", 0-based row) for Parquet and Arrow."""
+        if self.format != "jsonl":
+            return "row", int(row)
+        if self._lines is None:
+            from packer.readers import jsonl_line_numbers  # readers imports this module
+
+            self._lines = jsonl_line_numbers(self.path)
+        return "line", int(self._lines[row]) if 0 <= row < len(self._lines) else -1
+
     def locate(self, row: int) -> str:
         """Human location of a row of this file: a line for JSONL, a 0-based row otherwise."""
-        if self.format == "jsonl":
-            return f"{self.path}: line {line_of_row(self.path, row)}"
-        return f"{self.path}: row {row}"
+        kind, n = self.position(row)
+        return f"{self.path}: {kind} {n}"
 
 
 def line_of_row(path: Path, row: int) -> int:
     """1-based line of the `row`-th non-blank line of a (possibly compressed) JSONL file."""
-    from packer.readers import open_text  # local import: readers imports this module
+    from packer.readers import jsonl_line_numbers
 
-    seen = -1
-    with open_text(path) as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if line.strip():
-                seen += 1
-                if seen == row:
-                    return lineno
-    return -1
+    lines = jsonl_line_numbers(path)
+    return int(lines[row]) if 0 <= row < len(lines) else -1
+
+
+@dataclass
+class Rejects:
+    """Samples left out by `--on-error skip`: one record per sample plus counts per reason."""
+
+    records: list[dict] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return len(self.records)
+
+    def add(self, src: SourceFile, rows: np.ndarray, codes: np.ndarray,
+            messages: list[str]) -> None:
+        """Record rejected `rows` of `src` (per-rejected-sample work only)."""
+        for row, code, message in zip(rows.tolist(), codes.tolist(), messages):
+            kind, n = src.position(row)
+            self.records.append({"file": str(src.path), kind: n,
+                                 "sample_index": src.first_index + row,
+                                 "reason": REASONS[code - 1], "message": message})
+        for code, count in enumerate(np.bincount(codes, minlength=len(REASONS) + 1).tolist()):
+            if code and count:
+                name = REASONS[code - 1]
+                self.counts[name] = self.counts.get(name, 0) + count
+
+    def jsonl_lines(self) -> Iterator[str]:
+        import json
+
+        for record in self.records:
+            yield json.dumps(record, sort_keys=True) + "\n"
 
 
 @dataclass
@@ -52,16 +102,32 @@ class Samples:
 
     `labels`, when present, shares `offsets` with `tokens`. Keeping the dataset as two or three
     flat arrays is what lets the planning and gather kernels run without Python objects.
+
+    With `--on-error skip` some input samples are left out; `index` then maps each kept sample
+    to its global index in the input (rejected samples keep their index, so the numbering always
+    follows the input), and `rejects` says what was left out and why.
     """
 
     tokens: np.ndarray  # int32[total]
     offsets: np.ndarray  # int64[n + 1]
     labels: np.ndarray | None  # int32[total] or None
     sources: list[SourceFile]
+    index: np.ndarray | None = None  # int64[n]: global index of each kept sample; None = 0..n-1
+    rejects: Rejects | None = None
 
     @property
     def num_samples(self) -> int:
+        """Samples held (rejected ones excluded)."""
         return len(self.offsets) - 1
+
+    @property
+    def num_input_samples(self) -> int:
+        """Samples in the input files, rejected ones included."""
+        return sum(s.num_samples for s in self.sources)
+
+    @property
+    def num_rejected(self) -> int:
+        return self.rejects.total if self.rejects else 0
 
     @property
     def num_tokens(self) -> int:
@@ -71,6 +137,10 @@ class Samples:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def global_index(self, position: int) -> int:
+        """Global (input) index of the sample held at `position`."""
+        return int(self.index[position]) if self.index is not None else int(position)
+
     def source_of(self, index: int) -> tuple[SourceFile, int]:
         """The file a global sample index came from, and its row inside that file."""
         starts = [s.first_index for s in self.sources]
@@ -78,6 +148,7 @@ class Samples:
         src = self.sources[pos]
         return src, index - src.first_index
 
-    def locate(self, index: int) -> str:
-        src, row = self.source_of(index)
+    def locate(self, position: int) -> str:
+        """Where the sample held at `position` is in the input."""
+        src, row = self.source_of(self.global_index(position))
         return src.locate(row)
