@@ -17,7 +17,6 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	mkdir -p out
 	$(BIN)/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite
 
 test: setup

@@ -40,11 +40,15 @@ def check_target(output: Path, overwrite: bool) -> None:
         if not (output / "manifest.json").is_file() and any(output.iterdir()):
             raise UsageError("refusing to overwrite a non-empty directory that is not a packer "
                              "output (no manifest.json)", where=str(output))
+    # missing parents are created (like `mkdir -p`) once the inputs have been read; the
+    # nearest existing ancestor must be a writable directory
     parent = output.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
     if not parent.is_dir():
-        raise UsageError("parent directory does not exist", where=str(parent))
+        raise UsageError("not a directory, cannot hold the output", where=str(parent))
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError("parent directory is not writable", where=str(parent))
+        raise UsageError("directory is not writable", where=str(parent))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -80,6 +84,7 @@ def remove_stale(output: Path) -> None:
 
 
 def make_temp_dir(output: Path) -> Path:
+    output.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(output)
     tmp = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

@@ -21,9 +21,13 @@ def pack_table(report: dict, max_len: int) -> Table:
         ("dropped", f"{report['dropped']:,}"),
         ("truncated", f"{report['truncated']:,}"),
         ("split", f"{report['split']:,}"),
+        *(
+            (f"rejected: {reason}", f"{count:,}")
+            for reason, count in report.get("rejected_by_reason", {}).items()
+        ),
         ("tokens", f"{report['tokens']:,}"),
         ("loss tokens", f"{report['loss_tokens']:,}"),
-        ("rows (L = {:,})".format(max_len), f"{report['rows']:,}"),
+        (f"rows (L = {max_len:,})", f"{report['rows']:,}"),
         ("lower bound ⌈tokens / L⌉", f"{report['lower_bound']:,}"),
         ("rows / lower bound", f"{report['rows_over_lower_bound']:.5f}"),
         ("efficiency", f"{100 * report['efficiency']:.3f} %"),

@@ -290,3 +290,20 @@ def test_library_api_matches_cli(tmp_path, cli):
     lengths = np.array([len(s["input_ids"]) for s in samples])
     assert packer.plan(lengths, 256).num_rows == result.stats["rows"]
     assert packer.lower_bound(lengths.sum(), 256) == result.stats["lower_bound"]
+
+
+def test_missing_parent_directories_are_created(tmp_path, cli, samples):
+    src = write_jsonl(tmp_path / "d.jsonl", samples)
+    out = tmp_path / "a" / "b" / "out"
+    result = cli("pack", src, "-o", out, "-L", 256, "--overlength", "split")
+    assert result.exit_code == 0, result.output
+    check_output(out, samples, 256, "split")
+
+
+def test_skipped_samples_show_in_the_human_report(tmp_path, cli, samples):
+    bad = samples[:10] + [{"input_ids": []}] + samples[10:]
+    src = write_jsonl(tmp_path / "d.jsonl", bad)
+    result = cli("pack", src, "-o", tmp_path / "out", "-L", 256, "--overlength", "split",
+                 "--on-error", "skip")
+    assert result.exit_code == 0, result.output
+    assert "rejected: empty" in result.stderr
