@@ -1,0 +1,32 @@
+"""Feeding packed shards to PyTorch trainers: dataset, collator, multi-rank sampler, loss scaling.
+
+This subpackage needs torch; the packing code never imports it (`import packer` stays torch-free).
+Inside it, `import torch` is an absolute import and resolves to PyTorch, not to this package.
+
+    from packer.torch import PackedDataset, PackedBatchSampler, collate_packed
+
+    ds = PackedDataset("out/demo")
+    sampler = PackedBatchSampler(ds, batch_size=4, seed=0)
+    loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate_packed)
+
+See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer, TRL).
+"""
+
+from packer.torch.collate import MODES, block_causal_mask, collate_packed, model_inputs
+from packer.torch.data import CONTRACT_COLUMNS, PackedDataset, load_hf_dataset
+from packer.torch.loss import step_loss_tokens, sum_token_loss
+from packer.torch.sampler import PackedBatchSampler, plan_batches
+
+__all__ = [
+    "CONTRACT_COLUMNS",
+    "MODES",
+    "PackedBatchSampler",
+    "PackedDataset",
+    "block_causal_mask",
+    "collate_packed",
+    "load_hf_dataset",
+    "model_inputs",
+    "plan_batches",
+    "step_loss_tokens",
+    "sum_token_loss",
+]

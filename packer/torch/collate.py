@@ -1,0 +1,173 @@
+"""`collate_packed`: packed rows to the tensors a trainer feeds the model.
+
+Two layouts:
+
+- `flatten`: the rows of a batch are concatenated into one `[1, T]` sequence (stored padding
+  dropped). Returns `input_ids`, `labels`, `position_ids` and the varlen flash-attention kwargs
+  transformers accepts: `cu_seq_lens_q`, `cu_seq_lens_k` (int32, `[0, ..., T]`) and
+  `max_length_q`, `max_length_k` (Python ints). Works with transformers' flash path (explicit
+  cu_seq_lens) and its sdpa/eager paths (packing detected from `position_ids` when no
+  `attention_mask` is passed).
+- `pad`: `[B, L]` tensors, L the longest row (rounded up to `pad_to_multiple_of`). Padding is
+  `pad_id` in `input_ids`, -100 in `labels`, and one final segment per row: its `position_ids`
+  restart at 0 (or continue the row's stored padding segment), so padding is never part of a
+  sample. `cu_seqlens` is `[B, S + 1]` int32 per-row boundaries ending at L; rows with fewer
+  segments repeat L (empty segments). On sdpa/eager, transformers isolates each row's samples
+  from `position_ids`; its flash path does NOT isolate `[B > 1, L]` batches without a mask, so
+  use `flatten` with flash attention.
+
+Both add `num_loss_tokens`: the labels that count in this batch (sum of the rows' column).
+`model_inputs(batch)` drops it (and other non-model keys) before calling the model.
+Label convention (from the shards): unshifted, the model shifts; the first label of every
+sample is -100, so after the shift no position predicts a token of another sample or row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+MODES = ("flatten", "pad")
+IGNORE_INDEX = -100
+# keys a transformers causal LM accepts; everything else a collated batch holds is metadata
+MODEL_KEYS = (
+    "input_ids",
+    "labels",
+    "position_ids",
+    "attention_mask",
+    "cu_seq_lens_q",
+    "cu_seq_lens_k",
+    "max_length_q",
+    "max_length_k",
+)
+
+
+def _real_segments(row: dict) -> int:
+    """Segments of real samples in a row; a stored padding segment is the one beyond them."""
+    if "sample_index" in row:
+        return len(row["sample_index"])
+    return len(row["cu_seqlens"]) - 1
+
+
+def _flatten(rows: Sequence[dict]) -> dict:
+    ids, labels, pos, cu = [], [], [], [np.zeros(1, np.int64)]
+    total = 0
+    for row in rows:
+        segs = _real_segments(row)
+        row_cu = np.asarray(row["cu_seqlens"], np.int64)
+        n = int(row_cu[segs])  # drops stored padding, if any
+        ids.append(row["input_ids"][:n])
+        labels.append(row["labels"][:n])
+        pos.append(row["position_ids"][:n])
+        cu.append(row_cu[1 : segs + 1] + total)
+        total += n
+    cu_seqlens = torch.from_numpy(np.concatenate(cu).astype(np.int32))
+    max_length = int(torch.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0
+    return {
+        "input_ids": torch.from_numpy(np.concatenate(ids).astype(np.int64))[None],
+        "labels": torch.from_numpy(np.concatenate(labels).astype(np.int64))[None],
+        "position_ids": torch.from_numpy(np.concatenate(pos).astype(np.int64))[None],
+        "cu_seq_lens_q": cu_seqlens,
+        "cu_seq_lens_k": cu_seqlens,
+        "max_length_q": max_length,
+        "max_length_k": max_length,
+    }
+
+
+def _pad(rows: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None) -> dict:
+    b = len(rows)
+    length = max(len(r["input_ids"]) for r in rows)
+    if pad_to_multiple_of:
+        length = -(-length // pad_to_multiple_of) * pad_to_multiple_of
+    ids = np.full((b, length), pad_id, np.int64)
+    labels = np.full((b, length), IGNORE_INDEX, np.int64)
+    pos = np.zeros((b, length), np.int64)
+    row_cus = []
+    for i, row in enumerate(rows):
+        n = len(row["input_ids"])
+        ids[i, :n] = row["input_ids"]
+        labels[i, :n] = row["labels"]
+        pos[i, :n] = row["position_ids"]
+        cu = np.asarray(row["cu_seqlens"], np.int64)
+        if n < length:
+            has_pad_segment = len(cu) - 1 > _real_segments(row)
+            # extend the row's stored padding segment, or open a new one at position 0
+            first = int(row["position_ids"][n - 1]) + 1 if has_pad_segment and n else 0
+            pos[i, n:] = np.arange(first, first + length - n)
+            cu = np.append(cu[:-1], length) if has_pad_segment else np.append(cu, length)
+        row_cus.append(cu)
+    width = max(len(c) for c in row_cus)
+    cu_seqlens = np.full((b, width), length, np.int32)
+    for i, cu in enumerate(row_cus):
+        cu_seqlens[i, : len(cu)] = cu
+    return {
+        "input_ids": torch.from_numpy(ids),
+        "labels": torch.from_numpy(labels),
+        "position_ids": torch.from_numpy(pos),
+        "cu_seqlens": torch.from_numpy(cu_seqlens),
+    }
+
+
+def collate_packed(
+    rows: Sequence[dict],
+    mode: str = "flatten",
+    *,
+    pad_id: int = 0,
+    pad_to_multiple_of: int | None = None,
+) -> dict:
+    """Collate rows of a `PackedDataset` (or dicts with the same columns) into one batch.
+
+    `mode="flatten"` returns `[1, T]` tensors plus `cu_seq_lens_q/k` and `max_length_q/k`;
+    `mode="pad"` returns `[B, L]` tensors plus per-row `cu_seqlens` `[B, S + 1]`. Both return
+    `num_loss_tokens` (int). Token tensors are int64; `cu_seq*` tensors are int32.
+    Use `functools.partial(collate_packed, mode="pad")` as a DataLoader `collate_fn`.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+    if not rows:
+        raise ValueError("cannot collate an empty batch")
+    missing = [
+        k
+        for k in ("input_ids", "labels", "position_ids", "cu_seqlens", "num_loss_tokens")
+        if k not in rows[0]
+    ]
+    if missing:
+        raise KeyError(
+            f"packed rows lack {', '.join(missing)}; with a Hugging Face Trainer, set "
+            "remove_unused_columns=False so the collator sees every column"
+        )
+    if mode == "pad" and pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+        raise ValueError(f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}")
+    batch = _flatten(rows) if mode == "flatten" else _pad(rows, pad_id, pad_to_multiple_of)
+    batch["num_loss_tokens"] = sum(int(r["num_loss_tokens"]) for r in rows)
+    return batch
+
+
+def model_inputs(batch: dict) -> dict:
+    """The keys of a collated batch that a transformers causal LM accepts as keyword args."""
+    return {k: v for k, v in batch.items() if k in MODEL_KEYS}
+
+
+def block_causal_mask(batch: dict, dtype: torch.dtype = torch.bool) -> torch.Tensor:
+    """A `[B, 1, T, T]` block-diagonal causal mask from the batch's segment boundaries.
+
+    For attention paths that do not read `position_ids` or `cu_seq_lens` (or to make the
+    boundaries explicit): position q may attend to k iff k <= q and both lie in the same
+    segment. bool (True = attend) for sdpa; a float dtype gives an additive mask (0 / min) for
+    eager attention. Passing a 4D mask makes transformers use it as-is.
+    """
+    cu = batch["cu_seq_lens_q"][None] if "cu_seq_lens_q" in batch else batch["cu_seqlens"]
+    length = batch["input_ids"].shape[-1]
+    pos = torch.arange(length, device=cu.device)
+    # segment id of each position: how many boundaries (after the leading 0) are <= it
+    seg = torch.searchsorted(
+        cu[:, 1:].contiguous(), pos.expand(cu.shape[0], -1).contiguous(), right=True
+    )
+    same = seg[:, :, None] == seg[:, None, :]
+    mask = (same & (pos[None, :, None] >= pos[None, None, :]))[:, None]
+    if dtype == torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=dtype, device=cu.device)
+    return torch.where(mask, zero, torch.finfo(dtype).min)

@@ -1,0 +1,147 @@
+"""`PackedDataset`: a map-style dataset over the shards of a packer output, memory-mapped.
+
+Shards are opened lazily with `pyarrow.memory_map`; a row is a dict of numpy views into the
+mapped file, so reading a row copies nothing and the dataset is never loaded into memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import torch.utils.data
+
+MANIFEST = "manifest.json"  # same name as packer.pipeline.MANIFEST, without importing numba code
+
+LIST_COLUMNS = (
+    "input_ids",
+    "labels",
+    "position_ids",
+    "cu_seqlens",
+    "sample_index",
+    "sample_offset",
+)
+CONTRACT_COLUMNS = (*LIST_COLUMNS, "num_loss_tokens")
+
+
+@dataclass
+class _Batch:
+    """Numpy views of one Arrow record batch: (offsets, values) per list column."""
+
+    first_row: int
+    lists: dict[str, tuple[np.ndarray, np.ndarray]]
+    num_loss_tokens: np.ndarray
+
+
+def _views(batch: pa.RecordBatch, first_row: int) -> _Batch:
+    lists = {}
+    for name in LIST_COLUMNS:
+        col = batch.column(name)
+        # `offsets` honours the array's own slice offset and indexes into the whole `values`
+        lists[name] = (
+            col.offsets.to_numpy(zero_copy_only=True),
+            col.values.to_numpy(zero_copy_only=True),
+        )
+    loss = batch.column("num_loss_tokens").to_numpy(zero_copy_only=True)
+    return _Batch(first_row, lists, loss)
+
+
+class PackedDataset(torch.utils.data.Dataset):
+    """The rows of a packer output directory, in manifest order.
+
+    `ds[i]` is a dict with every column of the output contract: the list columns as read-only
+    numpy views (`input_ids`, `labels`, `position_ids`, `cu_seqlens` int32; `sample_index` int64;
+    `sample_offset` int32) and `num_loss_tokens` as an int. Safe to pass to DataLoader workers:
+    the memory maps are reopened in each process.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        manifest_path = self.path / MANIFEST
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"{manifest_path}: not a packer output (no {MANIFEST})")
+        with open(manifest_path, encoding="utf-8") as fh:
+            self.manifest = json.load(fh)
+        shards = self.manifest["shards"]
+        self.files = [self.path / s["file"] for s in shards]
+        self._shard_start = np.cumsum([0] + [int(s["rows"]) for s in shards]).tolist()
+        self._open: dict[int, list[_Batch]] = {}
+        self._lengths: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self._shard_start[-1]
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_open"] = {}  # memory maps are per process
+        return state
+
+    def _shard(self, k: int) -> list[_Batch]:
+        batches = self._open.get(k)
+        if batches is None:
+            source = pa.memory_map(str(self.files[k]), "r")
+            batches, row = [], 0
+            for batch in pa.ipc.open_stream(source):
+                batches.append(_views(batch, row))
+                row += batch.num_rows
+            expected = self._shard_start[k + 1] - self._shard_start[k]
+            if row != expected:
+                raise ValueError(f"{self.files[k]}: {row} rows, manifest says {expected}")
+            self._open[k] = batches
+        return batches
+
+    def _locate(self, i: int) -> tuple[_Batch, int]:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"row {i} out of range for {n} rows")
+        k = bisect.bisect_right(self._shard_start, i) - 1
+        batches = self._shard(k)
+        local = i - self._shard_start[k]
+        j = bisect.bisect_right([b.first_row for b in batches], local) - 1
+        return batches[j], local - batches[j].first_row
+
+    def __getitem__(self, i: int) -> dict:
+        batch, r = self._locate(int(i))
+        row = {}
+        for name, (offsets, values) in batch.lists.items():
+            row[name] = values[offsets[r] : offsets[r + 1]]
+        row["num_loss_tokens"] = int(batch.num_loss_tokens[r])
+        return row
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """Tokens of real samples in every row (stored padding excluded), int64, one per row.
+
+        Read from the offsets of the mapped shards (no token is touched); used by
+        `PackedBatchSampler` to balance ranks by tokens.
+        """
+        if self._lengths is None:
+            parts = []
+            for k in range(len(self.files)):
+                for b in self._shard(k):
+                    cu_off, cu = b.lists["cu_seqlens"]
+                    samp_off, _ = b.lists["sample_index"]
+                    segments = np.diff(samp_off)
+                    parts.append(cu[cu_off[:-1] + segments].astype(np.int64))
+            self._lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        return self._lengths
+
+
+def load_hf_dataset(path: str | Path):
+    """The shards of a packer output as one memory-mapped `datasets.Dataset`, in manifest order.
+
+    For trainers that insist on 🤗 datasets (TRL's SFTTrainer). Rows come back as Python lists;
+    `collate_packed` accepts them as well as `PackedDataset` rows. Needs `datasets`.
+    """
+    import datasets
+
+    with open(Path(path) / MANIFEST, encoding="utf-8") as fh:
+        shards = json.load(fh)["shards"]
+    parts = [datasets.Dataset.from_file(str(Path(path) / s["file"])) for s in shards]
+    return datasets.concatenate_datasets(parts) if len(parts) != 1 else parts[0]

@@ -1,0 +1,63 @@
+"""Loss normalisation: one mean over every loss token of an optimizer step.
+
+Packed rows hold different numbers of loss tokens, so averaging per micro-batch means (or per
+rank means) weights tokens unequally. The per-token mean of one optimizer step is
+
+    loss_step = (sum over micro-batches k and ranks r of S_kr) / N
+
+where S_kr is the summed token cross-entropy of micro-batch k on rank r (`sum_token_loss`) and
+N the loss tokens of the whole step (`step_loss_tokens`: `num_loss_tokens` summed over the
+step's micro-batches and all-reduced over ranks). On each rank, backpropagate
+`S_kr * world_size / N` for every micro-batch: DDP/FSDP average gradients over ranks, which
+divides the world_size back out. With a transformers model, `model(**inputs,
+num_items_in_batch=N).loss` is `S_kr / N`.
+
+`num_loss_tokens` counts labels != -100. The first label of every row is -100 (the first label
+of every sample is), so it equals the number of targets after the model's shift.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def sum_token_loss(
+    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX
+) -> torch.Tensor:
+    """Cross-entropy summed over every target of a batch, with the causal shift.
+
+    `logits` `[B, T, V]` at position t predict `labels[:, t + 1]` (labels unshifted, as stored).
+    In a flattened batch the shift also crosses row boundaries; that is safe because the first
+    label of every row is -100.
+    """
+    vocab = logits.shape[-1]
+    shifted = logits[..., :-1, :].float().reshape(-1, vocab)
+    targets = labels[..., 1:].reshape(-1).to(shifted.device)
+    return F.cross_entropy(shifted, targets, ignore_index=ignore_index, reduction="sum")
+
+
+def step_loss_tokens(
+    batches: Iterable[dict],
+    *,
+    all_reduce: bool | None = None,
+    device: torch.device | str | None = None,
+) -> int:
+    """Loss tokens of one optimizer step: `num_loss_tokens` of its micro-batches, all ranks.
+
+    `all_reduce=None` sums over ranks when `torch.distributed` is initialised; `device` is where
+    the all-reduce tensor lives (the rank's GPU with NCCL).
+    """
+    total = sum(int(b["num_loss_tokens"]) for b in batches)
+    dist = torch.distributed
+    if all_reduce is None:
+        all_reduce = dist.is_available() and dist.is_initialized()
+    if all_reduce:
+        t = torch.tensor(total, dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        total = int(t.item())
+    return total
