@@ -129,6 +129,13 @@ def pack(
         help="Replace an existing output (kept in place until the new one is complete)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c",
         help="YAML preset of these options; flags given here override it."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+        help="Cores to use for reading, validation, gather and shard writing (output is the "
+        "same for any value). [default: all available]"),
+    memory_budget: Optional[str] = typer.Option(None, "--memory-budget",
+        help="Cap on packer's own memory, e.g. 2GiB: larger inputs are streamed to a "
+        "memory-mapped cache and packed out of core. [default: min(8GiB, half of available "
+        "memory)]"),
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -145,7 +152,8 @@ def pack(
             "labels_column": labels_column, "shard_rows": shard_rows, "on_error": on_error,
         })
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
-            result = run_pack(inputs, output, cfg, overwrite=overwrite, progress=progress)
+            result = run_pack(inputs, output, cfg, overwrite=overwrite, progress=progress,
+                              workers=workers, memory_budget=memory_budget)
         report = result.report()
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")

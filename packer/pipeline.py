@@ -13,13 +13,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packer import __version__, output
+from packer.cache import (
+    default_budget,
+    make_cache_dir,
+    needs_out_of_core,
+    parse_size,
+    remove_cache_dir,
+    stream_samples,
+)
 from packer.config import PackConfig
 from packer.errors import OutputError
 from packer.overlength import Segments, resolve
 from packer.planning import Plan, lower_bound, plan
-from packer.readers import read_samples
+from packer.readers import expand_inputs, read_samples
 from packer.samples import Samples
 from packer.shards import write_shards
+from packer.workers import configure as configure_workers
 from packer.writer import SCHEMA
 
 MANIFEST = "manifest.json"
@@ -114,6 +123,8 @@ def pack(
     overwrite: bool = False,
     progress: Progress | None = None,
     workers: int | None = None,
+    memory_budget: int | str | None = None,
+    out_of_core: bool | None = None,
 ) -> PackResult:
     """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
 
@@ -122,6 +133,7 @@ def pack(
     """
     t0 = time.perf_counter()
     cfg = config.validate()
+    workers = configure_workers(workers)
     out = Path(output_dir)
     output.check_target(out, overwrite)
     timings = {}
@@ -134,9 +146,36 @@ def pack(
         if progress:
             progress("read", n_files[0], 0)
 
-    samples = read_samples(inputs, cfg.input_column, cfg.labels_column or None, progress=on_file,
-                           on_error=cfg.on_error)
-    timings["read"] = time.perf_counter() - t0
+    budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
+    labels_column = cfg.labels_column or None
+    if out_of_core is None:
+        columns = [cfg.input_column] + ([labels_column] if labels_column else [])
+        out_of_core = needs_out_of_core(expand_inputs(inputs), columns, budget)
+    cache_dir = None
+    try:
+        if out_of_core:
+            try:
+                cache_dir = make_cache_dir(out)
+            except OSError as exc:
+                raise OutputError(f"cannot create a cache directory: {_os_reason(exc)}",
+                                  where=str(out.parent)) from None
+            samples = stream_samples(inputs, cache_dir, cfg.input_column, labels_column,
+                                     progress=on_file, on_error=cfg.on_error)
+        else:
+            samples = read_samples(inputs, cfg.input_column, labels_column, progress=on_file,
+                                   on_error=cfg.on_error)
+        timings["read"] = time.perf_counter() - t0
+        return _pack_samples(samples, out, cfg, overwrite, progress, workers, timings, t0,
+                             out_of_core)
+    finally:
+        if cache_dir is not None:
+            remove_cache_dir(cache_dir)
+
+
+def _pack_samples(samples: Samples, out: Path, cfg: PackConfig, overwrite: bool,
+                  progress: Progress | None, workers: int, timings: dict, t0: float,
+                  out_of_core: bool) -> PackResult:
+    timings["out_of_core"] = float(out_of_core)
 
     t = time.perf_counter()
     segs = resolve(samples, cfg.max_len, cfg.overlength)

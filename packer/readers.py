@@ -28,6 +28,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from packer.errors import InputError
+from packer.flatten import fast_flatten
 from packer.samples import (
     IGNORE_INDEX,
     INT32_MAX,
@@ -550,22 +551,48 @@ def read_file(
     fmt, _ = detect_format(path)
     columns = [input_column] + ([labels_column] if labels_column else [])
     raw = READERS[fmt](path, columns)
-    src = SourceFile(
-        path=path, format=fmt, num_samples=raw.table.num_rows, first_index=first_index,
+    src = new_source(path, fmt, raw.table.num_rows, first_index, raw.lines)
+    tokens, lengths, lab, kept, has_labels = validate(
+        raw, src, 0, input_column, labels_column, on_error, rejects)
+    src.has_labels = has_labels
+    return src, tokens, lengths, lab, kept
+
+
+def new_source(path: Path, fmt: str, num_samples: int, first_index: int,
+               lines: np.ndarray | None = None) -> SourceFile:
+    return SourceFile(
+        path=path, format=fmt, num_samples=num_samples, first_index=first_index,
         size=path.stat().st_size, fingerprint=fingerprint(path), has_labels=False,
-        _lines=raw.lines,
+        _lines=lines,
     )
-    checked = _check_table(raw, str(path), input_column, labels_column)
+
+
+def validate(
+    raw: RawTable, src: SourceFile, row_base: int, input_column: str,
+    labels_column: str | None, on_error: str, rejects: Rejects | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, bool]:
+    """Validate rows `row_base...` of `src` held in `raw`: (tokens, lengths, labels, kept, labels?).
+
+    `kept` (rows within `raw`) is None when every row is valid. Used per file by the in-memory
+    reader and per record batch by the streaming reader, with the same codes and messages.
+    """
+    fast = (fast_flatten(raw.table, input_column, labels_column)
+            if raw.parse_codes is None else None)
+    if fast is not None:  # every row valid: one compiled pass, no per-row codes needed
+        tokens, lengths, lab = fast
+        return tokens, lengths, lab, None, lab is not None
+    checked = _check_table(raw, str(src.path), input_column, labels_column)
     ids, labels = checked.ids, checked.labels
     kept = None
     bad = np.flatnonzero(checked.codes)
     if bad.size:
         if on_error != "skip":
             first = int(bad[0])
-            raise InputError(checked.message(first), where=src.locate(first))
+            raise InputError(checked.message(first), where=src.locate(row_base + first))
         if rejects is not None:
-            rejects.add(src, bad, checked.codes[bad], [checked.message(r) for r in bad.tolist()])
-        src.rejected = int(bad.size)
+            rejects.add(src, bad + row_base, checked.codes[bad],
+                        [checked.message(r) for r in bad.tolist()])
+        src.rejected += int(bad.size)
         keep = checked.codes == 0
         kept = np.flatnonzero(keep)
         values = ids.values[np.repeat(keep, ids.lengths)]
@@ -574,10 +601,9 @@ def read_file(
     else:
         values, lengths = ids.values, ids.lengths
         label_values = labels.values if labels else None
-    src.has_labels = labels is not None
     tokens = values.astype(np.int32, copy=False)
     lab = label_values.astype(np.int32, copy=False) if label_values is not None else None
-    return src, tokens, lengths, lab, kept
+    return tokens, lengths, lab, kept, labels is not None
 
 
 def read_samples(

@@ -7,11 +7,11 @@ written. With `workers=1` the same work runs in sequence.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from packer import workers as workers_mod
 from packer.config import PackConfig
 from packer.gather import Buffers, gather_rows, shard_sizes
 from packer.overlength import Segments
@@ -28,8 +28,7 @@ def shard_bounds(num_rows: int, rows_per_shard: int) -> list[tuple[int, int]]:
 
 
 def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-               else (os.cpu_count() or 1))
+    return workers_mod.current()
 
 
 def _allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:

@@ -1,0 +1,340 @@
+"""Out-of-core reading: stream inputs batch by batch into a memory-mapped token cache.
+
+Planning needs only the lengths. When the decoded input would not fit the memory budget, each
+file is read in record batches (Parquet row groups, Arrow IPC batches, JSONL blocks), validated
+per batch with the same checks and messages as the in-memory reader, and its token and label
+values are appended to flat int32 files in a temporary directory. Only the lengths (and the
+rows kept, with `--on-error skip`) stay in RAM; the gather then reads the values through
+copy-on-write memory maps, whose pages are file-backed (they never count as anonymous memory
+and the kernel can drop them under pressure). The `Samples` built this way holds the same
+arrays as the in-memory one, so the shards come out byte for byte the same.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+import pyarrow.parquet as pq
+
+from packer.errors import InputError, UsageError
+from packer.output import TMP_MARK
+from packer.readers import (
+    _JSON_BLOCK,
+    READERS,
+    RawTable,
+    _counts_text,
+    _json_schema,
+    _list_of_int,
+    detect_format,
+    expand_inputs,
+    new_source,
+    validate,
+)
+from packer.samples import Rejects, Samples
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12,
+          "tib": 1 << 40}
+BATCH_BYTES = 32 << 20  # decoded bytes per streamed batch (at most; a Parquet row group bounds it)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in "2GiB", "512MB", "1.5g" or a plain integer."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise UsageError(f"--memory-budget must be a size such as 2GiB or 512MB, got {text!r}")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value < 1 << 20:
+        raise UsageError(f"--memory-budget {text} is too small (at least 1MiB)")
+    return value
+
+
+def default_budget() -> int:
+    """min(8 GiB, half of MemAvailable)."""
+    available = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is None:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(8 << 30, available // 2)
+
+
+def estimate_decoded_bytes(paths: list[Path], columns: list[str]) -> int:
+    """A cheap estimate of the input's decoded size in memory, from metadata and file sizes."""
+    total = 0
+    for path in paths:
+        fmt, compression = detect_format(path)
+        size = path.stat().st_size
+        if fmt == "parquet":
+            try:
+                meta = pq.read_metadata(path)
+                names = meta.schema.to_arrow_schema().names
+                for g in range(meta.num_row_groups):
+                    rg = meta.row_group(g)
+                    for c in range(rg.num_columns):
+                        col = rg.column(c)
+                        if col.path_in_schema.split(".")[0] in columns or not names:
+                            total += col.total_uncompressed_size
+            except (pa.ArrowInvalid, OSError):
+                total += size
+        elif fmt == "jsonl":
+            total += size * (6 if compression else 1)  # about 4 bytes per id of ~5 characters
+        else:
+            total += size
+    return total
+
+
+def needs_out_of_core(paths: list[Path], columns: list[str], budget: int) -> bool:
+    # the in-memory path holds the decoded table and the flat copy at once
+    return 2 * estimate_decoded_bytes(paths, columns) > budget
+
+
+# --------------------------------------------------------------------------------------------
+# Batch readers: the same tables the in-memory readers return, a slice at a time
+
+
+def _batch_rows(bytes_per_row: float) -> int:
+    return int(max(64, min(1 << 20, BATCH_BYTES // max(bytes_per_row, 1.0))))
+
+
+def _parquet_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
+    try:
+        pf = pq.ParquetFile(path, memory_map=True)
+        schema = pf.schema_arrow
+        present = [c for c in columns if c in schema.names]
+        for name in present:
+            if not _list_of_int(schema.field(name).type):
+                raise InputError(f"column '{name}' has type {schema.field(name).type}, expected "
+                                 "a list of integers", where=str(path))
+        meta = pf.metadata
+        if not present:
+            yield RawTable(pa.table({"__rows__": pa.nulls(meta.num_rows)}))
+            return
+        per_row = estimate_decoded_bytes([path], present) / max(meta.num_rows, 1)
+        for batch in pf.iter_batches(batch_size=_batch_rows(per_row), columns=present,
+                                     use_threads=True):
+            yield RawTable(pa.Table.from_batches([batch]))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"cannot read Parquet: {exc}", where=str(path)) from None
+
+
+def _arrow_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
+    try:
+        source = pa.memory_map(str(path))
+        try:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            schema = reader.schema
+        except pa.ArrowInvalid:
+            source.seek(0)
+            reader = pa.ipc.open_stream(source)
+            batches, schema = iter(reader), reader.schema
+        present = [c for c in columns if c in schema.names]
+        for name in present:
+            if not _list_of_int(schema.field(name).type):
+                raise InputError(f"column '{name}' has type {schema.field(name).type}, expected "
+                                 "a list of integers", where=str(path))
+        for batch in batches:
+            if present:
+                yield RawTable(pa.Table.from_batches([batch]).select(present))
+            else:
+                yield RawTable(pa.table({"__rows__": pa.nulls(batch.num_rows)}))
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"cannot read Arrow IPC: {exc}", where=str(path)) from None
+
+
+def _jsonl_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
+    _, compression = detect_format(path)
+    try:
+        reader = pa_json.open_json(
+            pa.input_stream(str(path), compression=compression),
+            read_options=pa_json.ReadOptions(block_size=_JSON_BLOCK),
+            parse_options=pa_json.ParseOptions(explicit_schema=_json_schema(columns),
+                                               unexpected_field_behavior="ignore"))
+        batches = list(_first_batch(reader))  # fail before yielding anything on a bad start
+        for batch in batches:
+            yield RawTable(pa.Table.from_batches([batch]))
+        for batch in reader:
+            yield RawTable(pa.Table.from_batches([batch]))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+        raise _JsonlFallback() from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc}", where=str(path)) from None
+
+
+def _first_batch(reader) -> Iterator[pa.RecordBatch]:
+    try:
+        yield reader.read_next_batch()
+    except StopIteration:
+        return
+
+
+class _JsonlFallback(Exception):
+    """The streaming JSON parser met a line it cannot parse: re-read the file line by line."""
+
+
+BATCH_READERS: dict[str, Callable[[Path, list[str]], Iterator[RawTable]]] = {
+    "parquet": _parquet_batches,
+    "arrow": _arrow_batches,
+    "jsonl": _jsonl_batches,
+}
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def make_cache_dir(output: Path) -> Path:
+    """A hidden directory beside the output; a killed run's is removed by the next run."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    path = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}-cache-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    return path
+
+
+def remove_cache_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class _Appender:
+    def __init__(self, path: Path):
+        self.path = path
+        self.fh = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.count = 0
+
+    def add(self, values: np.ndarray) -> None:
+        self.fh.write(memoryview(np.ascontiguousarray(values, np.int32)))
+        self.count += values.size
+
+    def rewind(self, count: int) -> None:
+        self.fh.seek(count * 4)
+        self.fh.truncate()
+        self.count = count
+
+    def close(self) -> np.ndarray:
+        self.fh.close()
+        if self.count == 0:
+            return np.zeros(0, np.int32)
+        # copy-on-write: a writable array type for the kernels, pages shared with the file
+        return np.asarray(np.memmap(self.path, np.int32, mode="c", shape=(self.count,)))
+
+
+class _Restart(Exception):
+    """Batches of one file disagree (labels in some only) or JSONL the streaming parser rejects:
+    re-read that file whole, with the in-memory reader's rules."""
+
+
+def stream_samples(
+    inputs: Iterable[str | Path],
+    cache_dir: Path,
+    input_column: str = "input_ids",
+    labels_column: str | None = "labels",
+    require_labels: bool = False,
+    progress: Callable[[Path], None] | None = None,
+    on_error: str = "error",
+) -> Samples:
+    """Like `read_samples`, but the token and label values live in memory-mapped cache files."""
+    if on_error not in ("error", "skip"):
+        raise ValueError(f"on_error must be 'error' or 'skip', got {on_error!r}")
+    paths = expand_inputs(inputs)
+    columns = [input_column] + ([labels_column] if labels_column else [])
+    out = (_Appender(cache_dir / "tokens.i32"), _Appender(cache_dir / "labels.i32"))
+    sources = []
+    len_parts, index_parts = [], []
+    rejects = Rejects() if on_error == "skip" else None
+    first = 0
+    try:
+        for path in paths:
+            fmt, _ = detect_format(path)
+            marks = (out[0].count, out[1].count, len(len_parts), len(rejects.records)
+                     if rejects else 0, dict(rejects.counts) if rejects else None)
+            try:
+                src = _stream_file(path, fmt, BATCH_READERS[fmt](path, columns), columns, first,
+                                   input_column, labels_column, on_error, rejects, out,
+                                   len_parts, index_parts)
+            except _Restart:
+                out[0].rewind(marks[0])
+                out[1].rewind(marks[1])
+                del len_parts[marks[2]:], index_parts[marks[2]:]
+                if rejects:
+                    del rejects.records[marks[3]:]
+                    rejects.counts = marks[4]
+                src = _stream_file(path, fmt, iter([READERS[fmt](path, columns)]), columns,
+                                   first, input_column, labels_column, on_error, rejects, out,
+                                   len_parts, index_parts)
+            if sources and src.has_labels != sources[0].has_labels:
+                with_, without = (src, sources[0]) if src.has_labels else (sources[0], src)
+                raise InputError(
+                    f"mixed schemas: {with_.path} has a '{labels_column}' column and "
+                    f"{without.path} does not")
+            if require_labels and not src.has_labels:
+                raise InputError(f"no '{labels_column}' column", where=str(path))
+            sources.append(src)
+            first += src.num_samples
+            if progress:
+                progress(path)
+    finally:
+        tokens = out[0].close()
+        labels = out[1].close()
+    kept_total = sum(len(x) for x in len_parts)
+    if first == 0:
+        raise InputError("the dataset is empty: the inputs hold no samples")
+    if kept_total == 0:
+        raise InputError(f"the dataset is empty: all {first} samples were rejected "
+                         f"({_counts_text(rejects)})")
+    offsets = np.zeros(kept_total + 1, np.int64)
+    np.cumsum(np.concatenate(len_parts), out=offsets[1:])
+    index = None
+    if kept_total != first:
+        index = np.concatenate(index_parts).astype(np.int64, copy=False)
+    return Samples(tokens=tokens, offsets=offsets,
+                   labels=labels if sources[0].has_labels else None, sources=sources,
+                   index=index, rejects=rejects)
+
+
+def _stream_file(path, fmt, tables, columns, first, input_column, labels_column, on_error,
+                 rejects, out, len_parts, index_parts):
+    """Validate and append every batch of one file; return its `SourceFile`."""
+    src = new_source(path, fmt, 0, first)
+    rows = 0
+    has_labels = None
+    try:
+        for raw in tables:
+            n = raw.table.num_rows
+            if n == 0:
+                continue
+            if raw.lines is not None:
+                src._lines = raw.lines
+            src.num_samples = rows + n  # so that error locations inside this batch resolve
+            tokens, lengths, labels, kept, has = validate(
+                raw, src, rows, input_column, labels_column, on_error, rejects)
+            if has_labels is None:
+                has_labels = has
+            elif has != has_labels:
+                raise _Restart()
+            out[0].add(tokens)
+            if labels is not None:
+                out[1].add(labels)
+            len_parts.append(lengths)
+            index_parts.append(first + (np.arange(rows, rows + n, dtype=np.int64) if kept is None
+                                        else kept.astype(np.int64) + rows))
+            rows += n
+    except _JsonlFallback:
+        raise _Restart() from None
+    src.num_samples = rows
+    src.has_labels = bool(has_labels)
+    return src

@@ -1,0 +1,100 @@
+"""Validate and flatten list<int> columns in one pass: copy to int32 while checking the ids.
+
+The readers' whole-array checks build several boolean temporaries the size of the data; on
+valid data (the common case) one compiled pass per Arrow chunk does the range check and the
+copy into a preallocated int32 array together, on several threads (the kernel releases the GIL).
+Any irregularity (nulls, empty samples, bad ids, label lengths) returns None, and the caller
+falls back to the detailed per-row validation, which names every problem.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+from packer import workers
+from packer.samples import IGNORE_INDEX, INT32_MAX
+
+
+@njit(cache=True, nogil=True)
+def copy_checked(src, dst, base, allow_ignore):  # pragma: no cover - compiled
+    """Copy src into dst[base:]; return the first position whose id is out of range, or -1."""
+    bad = -1
+    for i in range(src.size):
+        v = src[i]
+        if (v < 0 or v > INT32_MAX) and not (allow_ignore and v == IGNORE_INDEX):
+            bad = i
+            break
+        dst[base + i] = v
+    return bad
+
+
+_CHUNK = 1 << 22  # values per task, so one big Arrow chunk still spreads over the threads
+
+
+def _plain_chunks(column: pa.ChunkedArray):
+    """(offsets, values) numpy views of every chunk, or None when a null is anywhere."""
+    out = []
+    for chunk in column.chunks:
+        if chunk.null_count:
+            return None
+        offsets = chunk.offsets.to_numpy()
+        values = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
+        if values.null_count:
+            return None
+        out.append((offsets, values.to_numpy()))
+    return out
+
+
+def _lengths(chunks) -> np.ndarray:
+    if not chunks:
+        return np.zeros(0, np.int64)
+    parts = [np.diff(o).astype(np.int64) for o, _ in chunks]
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _copy(chunks, total: int, allow_ignore: bool, pool: ThreadPoolExecutor) -> np.ndarray | None:
+    dst = np.empty(total, np.int32)
+    tasks = []
+    base = 0
+    for _, values in chunks:
+        for a in range(0, values.size, _CHUNK):
+            part = values[a:a + _CHUNK]
+            tasks.append(pool.submit(copy_checked, part, dst, base + a, allow_ignore))
+        base += values.size
+    if any(f.result() >= 0 for f in tasks):
+        return None
+    return dst
+
+
+def fast_flatten(table: pa.Table, input_column: str,
+                 labels_column: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
+    """(tokens int32, lengths int64, labels int32 | None) when every row is valid, else None."""
+    if input_column not in table.column_names or table.num_rows == 0:
+        return None
+    ids = _plain_chunks(table.column(input_column))
+    if ids is None:
+        return None
+    labels = None
+    if labels_column and labels_column in table.column_names:
+        labels = _plain_chunks(table.column(labels_column))
+        if labels is None:
+            return None
+    lengths = _lengths(ids)
+    if lengths.size and lengths.min() == 0:
+        return None
+    if labels is not None and not np.array_equal(_lengths(labels), lengths):
+        return None
+    total = int(lengths.sum())
+    n = workers.current()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        tokens = _copy(ids, total, False, pool)
+        if tokens is None:
+            return None
+        label_values = _copy(labels, total, True, pool) if labels is not None else None
+        if labels is not None and label_values is None:
+            return None
+    return tokens, lengths, label_values
