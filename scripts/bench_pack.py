@@ -5,9 +5,10 @@ table shows medians and ratios measured in the same run, since absolute times on
 machines swing a lot.
 
 - copy limit: pyarrow reads the Parquet and writes the same table as an Arrow IPC file;
-- packer: `packer pack INPUT -o OUT -L 2048 --overlength split`;
-- TRL (if installed): `Dataset.from_parquet`, `pack_dataset(..., strategy="bfd_split")`,
-  `save_to_disk` — the same no-token-lost policy as packer's `split`;
+- packer: `packer pack INPUT -o OUT -L 2048 --overlength truncate` (or `split`);
+- TRL (if installed): `Dataset.from_parquet`, `pack_dataset(..., strategy="bfd")`,
+  `save_to_disk`; TRL's "bfd" truncates over-length samples, like packer's `truncate`
+  (`--trl-strategy bfd_split` compares with packer's `split` instead: no token lost);
 - in memory, without I/O: packer's plan + gather of the loaded table vs TRL's `pack_dataset` call;
 - JSONL parsing: packer's reader vs pyarrow's multithreaded JSON reader on the same file.
 
@@ -46,7 +47,7 @@ from trl import pack_dataset
 datasets.disable_progress_bars()
 ds = datasets.Dataset.from_parquet(sys.argv[1], cache_dir=sys.argv[3])
 t1 = time.perf_counter()
-packed = pack_dataset(ds, seq_length=int(sys.argv[4]), strategy="bfd_split")
+packed = pack_dataset(ds, seq_length=int(sys.argv[4]), strategy=sys.argv[5])
 t2 = time.perf_counter()
 packed.save_to_disk(sys.argv[2])
 print(json.dumps({"pack_call": t2 - t1, "rows": packed.num_rows}))
@@ -61,7 +62,7 @@ from packer.planning import plan
 from packer.readers import read_samples
 from packer.shards import gather_all
 samples = read_samples([sys.argv[1]])
-cfg = PackConfig(max_len=int(sys.argv[2]), overlength="split")
+cfg = PackConfig(max_len=int(sys.argv[2]), overlength=sys.argv[3])
 # warm the JIT cache on a tiny input so only the work is timed
 segs = resolve(samples, cfg.max_len, cfg.overlength)
 t0 = time.perf_counter()
@@ -113,6 +114,9 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(ROOT / "bench-data"))
     parser.add_argument("--jsonl-samples", type=int, default=200_000)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--trl-strategy", default="bfd", choices=["bfd", "bfd_split"],
+                        help="bfd (truncates; packer --overlength truncate) or bfd_split "
+                        "(packer --overlength split)")
     args = parser.parse_args()
 
     data_dir = Path(args.data_dir)
@@ -128,22 +132,23 @@ def main() -> None:
     results: dict[str, list[float]] = {}
     extra: dict[str, object] = {}
     L = str(args.max_len)
+    policy = "truncate" if args.trl_strategy == "bfd" else "split"
     try:
         # warm the numba cache once so every timed packer run measures a cache load, like a user's
         timed([str(Path(PY).parent / "packer"), "pack", str(data), "-o", str(work / "warm"),
-               "-L", L, "--overlength", "split", "--json"])
+               "-L", L, "--overlength", policy, "--json"])
         drop(work / "warm")
         for _ in range(args.runs):
             dt, _ = timed([PY, "-c", COPY, str(data), str(work / "copy.arrow")])
             results.setdefault("copy limit (read Parquet, write Arrow IPC)", []).append(dt)
             drop(work / "copy.arrow")
             dt, out = timed([str(Path(PY).parent / "packer"), "pack", str(data), "-o",
-                             str(work / "packed"), "-L", L, "--overlength", "split", "--json"])
+                             str(work / "packed"), "-L", L, "--overlength", policy, "--json"])
             results.setdefault("packer pack (end to end)", []).append(dt)
             report = json.loads(out)
             extra["packer"] = report
             drop(work / "packed")
-            dt, out = timed([PY, "-c", PACKER_IN_MEMORY, str(data), L])
+            dt, out = timed([PY, "-c", PACKER_IN_MEMORY, str(data), L, policy])
             results.setdefault("packer plan + gather, in memory", []).append(
                 json.loads(out)["seconds"])
         if not args.skip_trl:
@@ -154,7 +159,7 @@ def main() -> None:
             else:
                 for _ in range(args.trl_runs):
                     dt, out = timed([PY, "-c", TRL, str(data), str(work / "trl"),
-                                     str(work / "hf-cache"), L])
+                                     str(work / "hf-cache"), L, args.trl_strategy])
                     info = json.loads(out.strip().splitlines()[-1])
                     results.setdefault("TRL from_parquet + pack_dataset + save_to_disk", []).append(dt)
                     results.setdefault("TRL pack_dataset call, in memory", []).append(
@@ -188,7 +193,8 @@ def main() -> None:
     med = {k: statistics.median(v) for k, v in results.items()}
     copy = med["copy limit (read Parquet, write Arrow IPC)"]
     print(f"\n{args.samples:,} samples, {tokens:,} tokens, L={args.max_len}, "
-          f"{os.cpu_count()} cores; medians of {args.runs} runs (TRL: {args.trl_runs})\n")
+          f"{os.cpu_count()} cores; medians of {args.runs} runs (TRL: {args.trl_runs}); "
+          f"packer --overlength {policy} vs TRL strategy={args.trl_strategy}\n")
     print(f"| {'what':<52} | {'median s':>9} | {'runs':<30} | {'× copy':>7} |")
     print(f"|{'-' * 54}|{'-' * 11}|{'-' * 32}|{'-' * 9}|")
     for name, values in results.items():
