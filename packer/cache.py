@@ -99,6 +99,11 @@ def estimate_decoded_bytes(paths: list[Path], columns: list[str]) -> int:
     return total
 
 
+def batch_bytes_for(budget: int) -> int:
+    """Streamed batch size for a memory budget: a small slice of it, at most 32 MiB."""
+    return max(1 << 12, min(BATCH_BYTES, budget // 16))
+
+
 def needs_out_of_core(paths: list[Path], columns: list[str], budget: int) -> bool:
     # the in-memory path holds the decoded table and the flat copy at once
     return 2 * estimate_decoded_bytes(paths, columns) > budget
@@ -108,11 +113,12 @@ def needs_out_of_core(paths: list[Path], columns: list[str], budget: int) -> boo
 # Batch readers: the same tables the in-memory readers return, a slice at a time
 
 
-def _batch_rows(bytes_per_row: float) -> int:
-    return int(max(64, min(1 << 20, BATCH_BYTES // max(bytes_per_row, 1.0))))
+def _batch_rows(bytes_per_row: float, batch_bytes: int) -> int:
+    return int(max(1, min(1 << 20, batch_bytes // max(bytes_per_row, 1.0))))
 
 
-def _parquet_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
+def _parquet_batches(path: Path, columns: list[str],
+                     batch_bytes: int = BATCH_BYTES) -> Iterator[RawTable]:
     try:
         pf = pq.ParquetFile(path, memory_map=True)
         schema = pf.schema_arrow
@@ -126,14 +132,14 @@ def _parquet_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
             yield RawTable(pa.table({"__rows__": pa.nulls(meta.num_rows)}))
             return
         per_row = estimate_decoded_bytes([path], present) / max(meta.num_rows, 1)
-        for batch in pf.iter_batches(batch_size=_batch_rows(per_row), columns=present,
+        for batch in pf.iter_batches(batch_size=_batch_rows(per_row, batch_bytes), columns=present,
                                      use_threads=True):
             yield RawTable(pa.Table.from_batches([batch]))
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"cannot read Parquet: {exc}", where=str(path)) from None
 
 
-def _arrow_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
+def _arrow_batches(path: Path, columns: list[str], batch_bytes: int = 0) -> Iterator[RawTable]:
     try:
         source = pa.memory_map(str(path))
         try:
@@ -158,12 +164,13 @@ def _arrow_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
         raise InputError(f"cannot read Arrow IPC: {exc}", where=str(path)) from None
 
 
-def _jsonl_batches(path: Path, columns: list[str]) -> Iterator[RawTable]:
+def _jsonl_batches(path: Path, columns: list[str], batch_bytes: int = 0) -> Iterator[RawTable]:
     _, compression = detect_format(path)
     try:
         reader = pa_json.open_json(
             pa.input_stream(str(path), compression=compression),
-            read_options=pa_json.ReadOptions(block_size=_JSON_BLOCK),
+            read_options=pa_json.ReadOptions(block_size=min(_JSON_BLOCK, max(batch_bytes, 1 << 16))
+                                             if batch_bytes else _JSON_BLOCK),
             parse_options=pa_json.ParseOptions(explicit_schema=_json_schema(columns),
                                                unexpected_field_behavior="ignore"))
         batches = list(_first_batch(reader))  # fail before yielding anything on a bad start
@@ -246,8 +253,12 @@ def stream_samples(
     require_labels: bool = False,
     progress: Callable[[Path], None] | None = None,
     on_error: str = "error",
+    batch_bytes: int = BATCH_BYTES,
 ) -> Samples:
-    """Like `read_samples`, but the token and label values live in memory-mapped cache files."""
+    """Like `read_samples`, but the token and label values live in memory-mapped cache files.
+
+    batch_bytes: decoded bytes per streamed batch (Parquet; JSONL blocks of at most 16 MiB).
+    """
     if on_error not in ("error", "skip"):
         raise ValueError(f"on_error must be 'error' or 'skip', got {on_error!r}")
     paths = expand_inputs(inputs)
@@ -263,7 +274,8 @@ def stream_samples(
             marks = (out[0].count, out[1].count, len(len_parts), len(rejects.records)
                      if rejects else 0, dict(rejects.counts) if rejects else None)
             try:
-                src = _stream_file(path, fmt, BATCH_READERS[fmt](path, columns), columns, first,
+                src = _stream_file(path, fmt, BATCH_READERS[fmt](path, columns, batch_bytes),
+                                   columns, first,
                                    input_column, labels_column, on_error, rejects, out,
                                    len_parts, index_parts)
             except _Restart:

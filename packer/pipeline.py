@@ -14,6 +14,7 @@ from pathlib import Path
 
 from packer import __version__, output
 from packer.cache import (
+    batch_bytes_for,
     default_budget,
     make_cache_dir,
     needs_out_of_core,
@@ -160,7 +161,8 @@ def pack(
                 raise OutputError(f"cannot create a cache directory: {_os_reason(exc)}",
                                   where=str(out.parent)) from None
             samples = stream_samples(inputs, cache_dir, cfg.input_column, labels_column,
-                                     progress=on_file, on_error=cfg.on_error)
+                                     progress=on_file, on_error=cfg.on_error,
+                                     batch_bytes=batch_bytes_for(budget))
         else:
             samples = read_samples(inputs, cfg.input_column, labels_column, progress=on_file,
                                    on_error=cfg.on_error)
