@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench sample clean
+.PHONY: setup demo test lint format bench sample train-tiny clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ format: setup
 
 bench: setup
 	$(BIN)/python scripts/bench_plan.py
+
+train-tiny: setup
+	$(BIN)/python scripts/train_tiny.py
 
 sample: setup
 	$(BIN)/python scripts/make_sample.py data/sample.jsonl.gz

@@ -20,8 +20,7 @@ VOCAB = 1000
 
 def _snippets() -> dict[str, str]:
     """Runnable blocks (marked `<!-- runnable -->`) by the heading above them."""
-    doc = ROOT / "docs" / "training.md"
-    text = (doc if doc.exists() else ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## Training on packed shards") :]
     blocks = {}
     heading = ""
