@@ -161,8 +161,10 @@ def pack(
             stderr.print(pack_table(report, cfg.max_len))
 
 
-from packer import cli_plan  # noqa: E402,F401  (registers `packer plan`)
-
+from packer import (  # noqa: E402  (commands register themselves on `app`)
+    cli_plan,  # noqa: E402,F401  (registers `packer plan`)
+    cli_verify,  # noqa: E402,F401  (registers `packer verify`)
+)
 
 if __name__ == "__main__":
     app()

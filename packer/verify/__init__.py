@@ -1,0 +1,113 @@
+"""`verify`: prove that no packed sample can see or predict another.
+
+Checks, in order: the structure of every row and the manifest (CPU, numba, no torch), the
+samples against the source (`inputs`), attention isolation on picked rows with a negative
+control, and optionally a tiny transformers model. Torch is imported only when the attention or
+model checks run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from packer.errors import UsageError
+from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
+from packer.verify.shards import read_manifest
+
+__all__ = ["CheckResult", "Failure", "VerificationFailed", "VerifyResult", "verify"]
+
+DEFAULT_ROWS = 16
+
+
+def parse_rows(value: str | int | None) -> int | None:
+    """--rows: a positive count, or 'all' (None)."""
+    if value is None:
+        return DEFAULT_ROWS
+    if isinstance(value, int):
+        count = value
+    elif str(value).strip().lower() == "all":
+        return None
+    else:
+        try:
+            count = int(str(value))
+        except ValueError:
+            raise UsageError(f"--rows must be a positive integer or 'all', got {value!r}") from None
+    if count < 1:
+        raise UsageError(f"--rows must be a positive integer or 'all', got {value!r}")
+    return count
+
+
+def verify(
+    output_dir: str | Path,
+    inputs: Iterable[str | Path] | None = None,
+    *,
+    backend: str = "auto",
+    rows: str | int | None = DEFAULT_ROWS,
+    dtype: str | None = None,
+    seed: int = 0,
+    model_check: bool = False,
+    attention: bool = True,
+) -> VerifyResult:
+    """Verify a packer output; the result says which checks passed and what differs where.
+
+    `rows` is how many rows the attention (and model) checks run: an int, or 'all'. `dtype`
+    defaults to bf16 on a GPU backend and fp32 on the CPU. `attention=False` runs the CPU
+    structure checks alone (no torch).
+    """
+    from packer.verify.structure import check_structure
+
+    t0 = time.perf_counter()
+    out = Path(output_dir)
+    manifest = read_manifest(out)
+    count = parse_rows(rows)
+    if seed < 0:
+        raise UsageError(f"--seed must be non-negative, got {seed}")
+    chosen = None
+    if attention:
+        from packer.verify.attention import resolve
+
+        chosen = resolve(backend, dtype)  # usage errors before any work
+
+    source = None
+    inputs = list(inputs or [])
+    if inputs:
+        from packer.readers import read_samples
+
+        cfg = manifest.get("config", {})
+        source = read_samples(inputs, cfg.get("input_column", "input_ids"),
+                              cfg.get("labels_column") or None)
+
+    checks = {
+        "structure": CheckResult("structure"),
+        "manifest": CheckResult("manifest"),
+        "input": CheckResult("input", ran=source is not None,
+                             skipped_reason=None if source is not None else "no --input given"),
+    }
+    statuses = check_structure(out, manifest, source, checks["structure"], checks["manifest"],
+                               checks["input"] if source is not None else None)
+
+    if chosen is not None:
+        from packer.verify.attention import RowInput, pick_rows, run_attention
+
+        candidates = []
+        for s, st in enumerate(statuses):
+            usable = st.cu_usable
+            n_seg = (st.shard.cu_off[1:] - st.shard.cu_off[:-1]) - 1
+            candidates += [(s, int(r), int(n_seg[r])) for r in range(st.shard.rows) if usable[r]]
+        picked = [RowInput(statuses[s].shard.name, r, statuses[s].shard.row(r))
+                  for s, r in pick_rows(candidates, count, seed)]
+        checks["attention"] = CheckResult("attention")
+        checks["negative_control"] = CheckResult("negative_control")
+        backend_obj, dtype_name = chosen
+        run_attention(picked, backend_obj, dtype_name, seed, checks["attention"],
+                      checks["negative_control"])
+        checks["model"] = CheckResult("model", ran=model_check,
+                                      skipped_reason=None if model_check else
+                                      "not asked (--model-check)")
+        if model_check:
+            from packer.verify.model_check import run_model_check
+
+            run_model_check(picked, seed, checks["model"])
+    return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)

@@ -1,0 +1,57 @@
+"""Human rendering of a `VerifyResult` (rich, on stderr); `--json` prints `to_dict()` instead."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from packer.verify.result import VerifyResult
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def _summary(name: str, d: dict) -> str:
+    if name == "structure":
+        return (f"{_fmt(d.get('rows'))} rows, {_fmt(d.get('samples'))} samples, "
+                f"{_fmt(d.get('tokens'))} tokens in {_fmt(d.get('shards'))} shard(s)")
+    if name == "manifest":
+        return f"{_fmt(d.get('shards'))} shard(s): counts and sha256"
+    if name == "input":
+        return f"{_fmt(d.get('samples'))} source samples, tokens and labels"
+    if name == "attention":
+        return (f"{d.get('backend')} ({d.get('device')}, {d.get('dtype')}), "
+                f"{_fmt(d.get('rows'))} rows / {_fmt(d.get('samples'))} samples: packed vs "
+                f"alone max diff {_fmt(d.get('max_isolated_diff'))}, vs fp32 reference "
+                f"{_fmt(d.get('max_reference_diff'))} (tolerance {_fmt(d.get('tolerance'))}); "
+                f"{_fmt(d.get('seconds_per_million_tokens'))} s per million tokens")
+    if name == "negative_control":
+        synthetic = " (two joined samples)" if d.get("synthetic") else ""
+        return (f"plain causal leaks {_fmt(d.get('min_leak'))}..{_fmt(d.get('max_leak'))} into "
+                f"{_fmt(d.get('samples_measured'))} later samples{synthetic} (must exceed "
+                f"{_fmt(d.get('threshold'))})")
+    if name == "model":
+        return (f"{_fmt(d.get('samples'))} samples: loss diff {_fmt(d.get('max_loss_diff'))}, "
+                f"logits diff {_fmt(d.get('max_logits_diff'))}; causal-mask control "
+                f"{_fmt(d.get('control_min_logits_leak'))}")
+    return ""
+
+
+def verify_table(result: VerifyResult) -> Table:
+    verdict = "[bold green]passed[/]" if result.ok else "[bold red]FAILED[/]"
+    table = Table(title=f"packer verify → {result.output}: {verdict}", title_justify="left",
+                  show_header=True)
+    table.add_column("check", style="bold")
+    table.add_column("result")
+    table.add_column("details")
+    for name, check in result.checks.items():
+        if not check.ran:
+            table.add_row(name, "[dim]skipped[/]", check.skipped_reason or "")
+            continue
+        status = "[green]ok[/]" if check.ok else f"[red]{check.failure_count} failed[/]"
+        table.add_row(name, status, _summary(name, check.details))
+    return table

@@ -1,0 +1,120 @@
+"""Read a packer output for verification: the manifest and each shard as flat numpy arrays.
+
+Shards are read through a memory map; every list column is kept as Arrow's own `offsets` +
+`values`, so the numba checks run over the whole shard without per-row Python objects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from packer.errors import UsageError
+from packer.writer import SCHEMA
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class ShardArrays:
+    """One shard's columns; list column X is `X[X_off[r]:X_off[r + 1]]` for row r."""
+
+    name: str
+    rows: int
+    ids_off: np.ndarray
+    ids: np.ndarray
+    lab_off: np.ndarray
+    labels: np.ndarray
+    pos_off: np.ndarray
+    pos: np.ndarray
+    cu_off: np.ndarray
+    cu: np.ndarray
+    si_off: np.ndarray
+    sample_index: np.ndarray
+    so_off: np.ndarray
+    sample_offset: np.ndarray
+    num_loss: np.ndarray
+
+    def row_slice(self, r: int) -> slice:
+        return slice(int(self.ids_off[r]), int(self.ids_off[r + 1]))
+
+    def row(self, r: int) -> dict:
+        """Row r as numpy arrays (views), for the per-row checks and messages."""
+        t = self.row_slice(r)
+        return {
+            "input_ids": self.ids[t],
+            "labels": self.labels[int(self.lab_off[r]):int(self.lab_off[r + 1])],
+            "position_ids": self.pos[int(self.pos_off[r]):int(self.pos_off[r + 1])],
+            "cu_seqlens": self.cu[int(self.cu_off[r]):int(self.cu_off[r + 1])],
+            "sample_index": self.sample_index[int(self.si_off[r]):int(self.si_off[r + 1])],
+            "sample_offset": self.sample_offset[int(self.so_off[r]):int(self.so_off[r + 1])],
+            "num_loss_tokens": int(self.num_loss[r]),
+        }
+
+
+def read_manifest(output_dir: Path) -> dict:
+    path = Path(output_dir) / MANIFEST
+    if not Path(output_dir).is_dir():
+        raise UsageError("not a directory", where=str(output_dir))
+    if not path.is_file():
+        raise UsageError("no manifest.json: not a packer output", where=str(output_dir))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"manifest.json is not valid JSON ({exc})", where=str(path)) from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise UsageError("manifest.json has no 'shards' list", where=str(path))
+    return manifest
+
+
+def _list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    offsets = column.offsets.to_numpy(zero_copy_only=False)
+    values = column.values.to_numpy(zero_copy_only=False)
+    return offsets, values
+
+
+def schema_problem(schema: pa.Schema) -> str | None:
+    """What keeps this schema from the packed-shard contract, or None."""
+    for field in SCHEMA:
+        if field.name not in schema.names:
+            return f"no '{field.name}' column"
+        got = schema.field(field.name).type
+        if got != field.type:
+            return f"column '{field.name}' has type {got}, expected {field.type}"
+    return None
+
+
+def read_shard(path: Path) -> ShardArrays:
+    """Load one Arrow IPC stream shard; raises ValueError with a one-line reason."""
+    with pa.memory_map(str(path)) as source:
+        try:
+            table = pa.ipc.open_stream(source).read_all()
+        except pa.ArrowInvalid as exc:
+            raise ValueError(f"not an Arrow IPC stream ({exc})") from None
+    return arrays_from_table(table, path.name)
+
+
+def arrays_from_table(table: pa.Table, name: str) -> ShardArrays:
+    """The flat arrays of a shard table; raises ValueError when it breaks the schema."""
+    problem = schema_problem(table.schema)
+    if problem:
+        raise ValueError(problem)
+    cols = {c: table.column(c).combine_chunks() for c in table.column_names}
+    if table.num_rows == 0:
+        cols = {c: pa.array([], SCHEMA.field(c).type) for c in SCHEMA.names}
+    for column in SCHEMA.names:
+        if cols[column].null_count:
+            raise ValueError(f"column '{column}' holds nulls")
+    ids_off, ids = _list_parts(cols["input_ids"])
+    lab_off, labels = _list_parts(cols["labels"])
+    pos_off, pos = _list_parts(cols["position_ids"])
+    cu_off, cu = _list_parts(cols["cu_seqlens"])
+    si_off, sample_index = _list_parts(cols["sample_index"])
+    so_off, sample_offset = _list_parts(cols["sample_offset"])
+    num_loss = cols["num_loss_tokens"].to_numpy(zero_copy_only=False)
+    return ShardArrays(name, table.num_rows, ids_off, ids, lab_off, labels, pos_off, pos,
+                       cu_off, cu, si_off, sample_index, so_off, sample_offset, num_loss)

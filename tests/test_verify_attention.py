@@ -1,0 +1,250 @@
+"""The attention backend ladder on the CPU: selection, signature adapters with fake kernels,
+FlexAttention and the reference, and that both a leaking kernel and a blind check fail."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from packer.errors import UsageError
+from packer.verify import attention as A
+from packer.verify.result import CheckResult
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# --------------------------------------------------------------------------------------------
+# Signature adapters: torch 2.10 (is_causal=) and 2.11+ (window_size=) varlen_attn
+
+
+def fake_varlen_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
+                     is_causal=False, scale=None):
+    fake_varlen_2_10.calls.append({"cu_q": cu_seq_q, "cu_k": cu_seq_k, "max_q": max_q,
+                                   "max_k": max_k, "is_causal": is_causal})
+    return query
+
+
+def fake_varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
+                     scale=None, window_size=(-1, -1), enable_gqa=False):
+    fake_varlen_2_11.calls.append({"cu_q": cu_seq_q, "max_q": max_q, "window_size": window_size})
+    return key
+
+
+def fake_varlen_unknown(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None):
+    return query
+
+
+def test_varlen_call_form_from_signature():
+    assert A.varlen_call_form(fake_varlen_2_10) == "is_causal"
+    assert A.varlen_call_form(fake_varlen_2_11) == "window_size"
+    with pytest.raises(UsageError, match="neither window_size= nor is_causal="):
+        A.varlen_call_form(fake_varlen_unknown)
+    assert A.varlen_causal_kwargs("window_size") == {"window_size": (-1, 0)}
+    assert A.varlen_causal_kwargs("is_causal") == {"is_causal": True}
+
+
+def test_varlen_forward_passes_causal_in_each_form():
+    q, k, v = (torch.full((5, 2, 8), float(i)) for i in range(3))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    fake_varlen_2_10.calls = []
+    fwd, call = A.make_varlen_forward(fake_varlen_2_10)
+    assert fwd(q, k, v, cu, np.int64(3)) is q
+    [c] = fake_varlen_2_10.calls
+    assert c["is_causal"] is True and c["cu_q"] is cu and c["cu_k"] is cu
+    assert c["max_q"] == c["max_k"] == 3 and type(c["max_q"]) is int  # Python ints, not numpy
+    assert "is_causal=True" in call
+
+    fake_varlen_2_11.calls = []
+    fwd, call = A.make_varlen_forward(fake_varlen_2_11)
+    assert fwd(q, k, v, cu, 3) is k
+    [c] = fake_varlen_2_11.calls
+    assert c["window_size"] == (-1, 0)  # (-1, -1), the default, would not be causal
+    assert "window_size=(-1, 0)" in call
+
+
+def test_installed_torch_varlen_signature_is_understood():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    assert A.varlen_call_form(varlen_attn) in ("window_size", "is_causal")
+
+
+def test_flash_attn_and_aten_adapters():
+    seen = {}
+
+    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False, window_size=(-1, -1)):
+        seen.update(cu_q=cu_q, cu_k=cu_k, max_q=max_q, dropout_p=dropout_p, causal=causal,
+                    softmax_scale=softmax_scale)
+        return v
+
+    q = torch.zeros(3, 1, 8)
+    cu = torch.tensor([0, 3], dtype=torch.int32)
+    fwd, _ = A.make_flash_attn_forward(flash_attn_varlen_func)
+    assert fwd(q, q, q + 1, cu, 3).sum() == 24
+    assert seen == {"cu_q": cu, "cu_k": cu, "max_q": 3, "dropout_p": 0.0, "causal": True,
+                    "softmax_scale": None}
+
+    def aten_op(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask):
+        seen.update(aten=(dropout_p, is_causal, return_debug_mask))
+        return (v, None, None, None, None)
+
+    fwd, _ = A.make_aten_flash_forward(aten_op)
+    assert fwd(q, q, q + 2, cu, 3).sum() == 48 and seen["aten"] == (0.0, True, False)
+
+
+# --------------------------------------------------------------------------------------------
+# Choosing a backend
+
+
+def probes(**missing) -> dict:
+    found = {name: None for name in A.BACKENDS}
+    found["_cuda"] = None
+    found.update({k.replace("_", "-") if k != "_cuda" else k: v for k, v in missing.items()})
+    return found
+
+
+def test_auto_takes_the_best_available():
+    assert A.select_backend("auto", probes()) == "flash-attn"
+    assert A.select_backend("auto", probes(flash_attn="no")) == "torch-varlen"
+    assert A.select_backend("auto", probes(flash_attn="no", torch_varlen="no")) == "flex"
+    cpu_only = probes(flash_attn="no", torch_varlen="no", _cuda="no CUDA GPU")
+    assert A.select_backend("auto", cpu_only) == "cpu"  # flex on a CPU runs unfused
+    assert A.select_backend("flex", cpu_only) == "flex"  # but can be asked for
+    assert A.select_backend("auto", probes(flash_attn="no", torch_varlen="no", flex="no")) == "cpu"
+
+
+def test_unavailable_or_unknown_backend_is_a_usage_error():
+    with pytest.raises(UsageError, match="--backend torch-varlen cannot run here: needs GPU"):
+        A.select_backend("torch-varlen", probes(torch_varlen="needs GPU"))
+    with pytest.raises(UsageError, match="unknown --backend 'cuda'"):
+        A.select_backend("cuda", probes())
+
+
+def test_probe_and_resolve_on_this_machine():
+    found = A.probe_backends()
+    assert found["cpu"] is None
+    if not torch.cuda.is_available():
+        assert found["torch-varlen"] and "CUDA" in found["torch-varlen"]
+        backend, dtype = A.resolve("auto", None)
+        assert (backend.name, backend.device, dtype) == ("cpu", "cpu", "fp32")
+    with pytest.raises(UsageError, match="--dtype"):
+        A.resolve("cpu", "fp8")
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels on the CPU
+
+
+def test_cpu_and_flex_match_per_sample_runs():
+    cu = torch.tensor([0, 5, 17, 40], dtype=torch.int32)
+    ids = np.random.default_rng(0).integers(0, 10_000, 40)
+    q, k, v = A.qkv_from_tokens(ids, seed=1, device="cpu", dtype=torch.float32)
+    cpu, _ = A.make_cpu_forward()
+    flex, call = A.make_flex_forward("cpu", compiled=False)
+    assert "flex_attention" in call
+    packed_cpu = cpu(q, k, v, cu, 23)
+    packed_flex = flex(q, k, v, cu, 23)
+    for a, b in [(0, 5), (5, 17), (17, 40)]:
+        alone = A._reference(q[a:b], k[a:b], v[a:b])
+        assert (packed_cpu[a:b] - alone).abs().max() < 1e-5
+        assert (packed_flex[a:b] - alone).abs().max() < 1e-5
+    whole = torch.tensor([0, 40], dtype=torch.int32)
+    assert (cpu(q, k, v, whole, 40)[5:17] - A._reference(q[5:17], k[5:17], v[5:17])).abs().max() > 0.1
+
+
+def test_qkv_is_seeded_and_token_derived():
+    ids = np.array([3, 9, 3])
+    q1, k1, _ = A.qkv_from_tokens(ids, 0, "cpu", torch.float32)
+    q2, _, _ = A.qkv_from_tokens(ids, 0, "cpu", torch.float32)
+    q3, _, _ = A.qkv_from_tokens(ids, 1, "cpu", torch.float32)
+    assert torch.equal(q1, q2) and not torch.equal(q1, q3)
+    assert torch.equal(q1[0], q1[2]) and not torch.equal(q1[0], k1[0])
+    assert q1.shape == (3, A.HEADS, A.HEAD_DIM)
+
+
+def test_alone_segments_come_from_positions():
+    assert A.alone_segments(np.array([0, 1, 2, 0, 1, 0])) == [(0, 3), (3, 5), (5, 6)]
+    assert A.alone_segments(np.array([4, 5, 0])) == [(0, 2), (2, 3)]
+
+
+def test_pick_rows_prefers_rows_with_several_samples():
+    cands = [(0, r, 1 if r % 3 else 4) for r in range(12)] + [(1, 0, 2)]
+    picked = A.pick_rows(cands, 3, seed=0)
+    assert len(picked) == 3 and all(p in {(0, 0), (0, 3), (0, 6), (0, 9), (1, 0)} for p in picked)
+    assert picked == A.pick_rows(cands, 3, seed=0) and picked == sorted(picked)
+    assert len(A.pick_rows(cands, 100, seed=0)) == 13
+    assert A.pick_rows(cands, None, seed=0) == [(s, r) for s, r, _ in cands]
+
+
+# --------------------------------------------------------------------------------------------
+# The check fails when the kernel leaks, and when it cannot see a leak
+
+
+def make_rows() -> list[A.RowInput]:
+    rng = np.random.default_rng(2)
+    rows = []
+    for r, lengths in enumerate([[7, 9, 4], [12, 3]]):
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        data = {"input_ids": rng.integers(0, 500, cu[-1]).astype(np.int32),
+                "position_ids": np.concatenate([np.arange(n) for n in lengths]).astype(np.int32),
+                "cu_seqlens": cu, "sample_index": np.arange(len(lengths)) + 10 * r,
+                "sample_offset": np.zeros(len(lengths), np.int32)}
+        rows.append(A.RowInput("shard-00000.arrow", r, data))
+    return rows
+
+
+def run(forward, name="fake", rows=None):
+    backend = A.Backend(name, "cpu", forward, "fake()", A.DTYPES)
+    iso, ctl = CheckResult("attention"), CheckResult("negative_control")
+    A.run_attention(rows or make_rows(), backend, "fp32", 0, iso, ctl)
+    return iso, ctl
+
+
+def test_isolating_kernel_passes_with_leak_in_report():
+    iso, ctl = run(A.make_cpu_forward()[0], "cpu")
+    assert iso.ok and ctl.ok
+    assert iso.details["max_isolated_diff"] < 1e-6 and iso.details["samples"] == 5
+    assert ctl.details["samples_measured"] == 3 and ctl.details["min_leak"] > 0.1
+    assert iso.details["backend"] == "cpu" and iso.details["seconds_per_million_tokens"] > 0
+
+
+def test_leaking_kernel_fails_isolation():
+    cpu = A.make_cpu_forward()[0]
+
+    def ignores_cu_seqlens(q, k, v, cu, max_seqlen):
+        whole = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+        return cpu(q, k, v, whole, q.shape[0])
+
+    iso, ctl = run(ignores_cu_seqlens)
+    assert not iso.ok and iso.failure_count == 3  # every sample after the first of each row
+    msg = iso.failures[0].message
+    assert msg.startswith("shard-00000.arrow row 0, sample 1 (tokens 7..15): the packed fake "
+                          "forward differs from the sample run alone by")
+    assert "attention crosses a sample boundary" in msg
+
+
+def test_blind_check_fails_the_negative_control():
+    def no_attention(q, k, v, cu, max_seqlen):  # returns v: nothing can ever leak, or be seen
+        return v
+
+    iso, ctl = run(no_attention)
+    assert not ctl.ok and ctl.failure_count == 3
+    assert "could not see a leak" in ctl.failures[0].message
+
+
+def test_control_uses_joined_samples_when_no_row_has_two():
+    rows = [A.RowInput("s", i, {"input_ids": np.arange(8) + i, "position_ids": np.arange(8),
+                                "cu_seqlens": np.array([0, 8], np.int32),
+                                "sample_index": np.array([i]),
+                                "sample_offset": np.array([0], np.int32)}) for i in range(2)]
+    iso, ctl = run(A.make_cpu_forward()[0], "cpu", rows)
+    assert ctl.ok and ctl.details["synthetic"] and ctl.details["min_leak"] > 0.1
