@@ -324,3 +324,26 @@ def test_rows_are_picked_with_the_seed(packed):
     b = verify(out, rows=3, seed=1).checks["attention"].details
     assert a["rows"] == 3 and a["tokens"] == b["tokens"] and a["samples"] == b["samples"]
     assert np.isclose(a["max_isolated_diff"], b["max_isolated_diff"])
+
+
+def test_flex_backend_runs_on_the_cpu(cli, packed):
+    out, _ = packed
+    code, report = run_verify(cli, out, "--backend", "flex", "--rows", "2", "--seed", "3")
+    assert code == 0, messages(report)
+    att = report["checks"]["attention"]
+    assert att["backend"] == "flex" and att["device"] == "cpu" and att["dtype"] == "fp32"
+    assert att["max_reference_diff"] <= 1e-5
+    assert report["checks"]["negative_control"]["min_leak"] > 0.1
+
+
+def test_shard_with_a_foreign_schema(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name = json.loads((out / "manifest.json").read_text())["shards"][0]["file"]
+    table = pa.table({"input_ids": pa.array([[1, 2]], pa.list_(pa.int64()))})
+    with pa.OSFile(str(out / name), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    code, report = run_verify(cli, out, "--rows", "1")
+    assert code == 1
+    assert f"{name}: column 'input_ids' has type list<item: int64>, expected list<item: int32>" \
+        in messages(report, "structure")
+    assert any("sha256 differs" in m for m in messages(report, "manifest"))
