@@ -89,7 +89,8 @@ def estimate_decoded_bytes(paths: list[Path], columns: list[str]) -> int:
                     for c in range(rg.num_columns):
                         col = rg.column(c)
                         if col.path_in_schema.split(".")[0] in columns or not names:
-                            total += col.total_uncompressed_size
+                            # dictionary pages make the page size small: count the values
+                            total += max(col.total_uncompressed_size, 4 * col.num_values)
             except (pa.ArrowInvalid, OSError):
                 total += size
         elif fmt == "jsonl":
