@@ -31,7 +31,10 @@ format: setup
 	$(BIN)/ruff check --fix packer tests scripts
 
 bench: setup
+	$(BIN)/pip install -q lightbinpack trl "$(TORCH_PIN)"
 	$(BIN)/python scripts/bench_plan.py
+	$(BIN)/python scripts/bench_pack.py --runs 3 --trl-runs 1
+	$(BIN)/python scripts/bench_memory.py --sizes 50000 200000
 
 train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py
