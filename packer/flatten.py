@@ -32,6 +32,16 @@ def copy_checked(src, dst, base, allow_ignore):  # pragma: no cover - compiled
     return bad
 
 
+@njit(cache=True, nogil=True)
+def first_bad(src, allow_ignore):  # pragma: no cover - compiled
+    """The first position of src whose id is out of range, or -1 (no copy)."""
+    for i in range(src.size):
+        v = src[i]
+        if (v < 0 or v > INT32_MAX) and not (allow_ignore and v == IGNORE_INDEX):
+            return i
+    return -1
+
+
 _CHUNK = 1 << 22  # values per task, so one big Arrow chunk still spreads over the threads
 
 
@@ -70,9 +80,24 @@ def _copy(chunks, total: int, allow_ignore: bool, pool: ThreadPoolExecutor) -> n
     return dst
 
 
-def fast_flatten(table: pa.Table, input_column: str,
-                 labels_column: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None] | None:
-    """(tokens int32, lengths int64, labels int32 | None) when every row is valid, else None."""
+def _check(chunks, allow_ignore: bool, pool: ThreadPoolExecutor) -> bool:
+    tasks = [pool.submit(first_bad, values[a:a + _CHUNK], allow_ignore)
+             for _, values in chunks for a in range(0, values.size, _CHUNK)]
+    return not any(f.result() >= 0 for f in tasks)
+
+
+def _aligned(ids, labels) -> bool:
+    return labels is None or (len(ids) == len(labels) and all(
+        a.size == b.size for (_, a), (_, b) in zip(ids, labels)))
+
+
+def fast_flatten(table: pa.Table, input_column: str, labels_column: str | None,
+                 zero_copy: bool = False):
+    """(tokens int32, lengths int64, labels int32 | None) when every row is valid, else None.
+
+    zero_copy: when every chunk already holds int32 values, only check them and return the
+    tokens and labels as lists of read-only views of the Arrow chunks (no copy, no new memory).
+    """
     if input_column not in table.column_names or table.num_rows == 0:
         return None
     ids = _plain_chunks(table.column(input_column))
@@ -90,6 +115,15 @@ def fast_flatten(table: pa.Table, input_column: str,
         return None
     total = int(lengths.sum())
     n = workers.current()
+    int32 = all(v.dtype == np.int32 for _, v in ids + (labels or []))
+    if zero_copy and int32 and _aligned(ids, labels):
+        with ThreadPoolExecutor(max_workers=n) as pool:
+            if not _check(ids, False, pool):
+                return None
+            if labels is not None and not _check(labels, True, pool):
+                return None
+        return ([v for _, v in ids], lengths,
+                [v for _, v in labels] if labels is not None else None)
     with ThreadPoolExecutor(max_workers=n) as pool:
         tokens = _copy(ids, total, False, pool)
         if tokens is None:

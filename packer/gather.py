@@ -122,3 +122,68 @@ class Buffers:
             sample_row_offsets=np.empty(max_rows + 1, np.int32),
             loss=np.empty(max_rows, np.int32),
         )
+
+
+@njit(cache=True, nogil=True)
+def gather_rows_chunked(
+    token_chunks, label_chunks, has_labels, seg_chunk, seg_local, order, row_starts,
+    seg_sample, seg_len, seg_offset, r0, r1, max_len, pad, pad_id,
+    out_ids, out_labels, out_pos, out_row_offsets, out_cu, out_cu_offsets,
+    out_sample, out_sample_offset, out_sample_row_offsets, out_loss,
+):  # pragma: no cover - compiled
+    """`gather_rows` over values kept in several arrays (the input's Arrow chunks, uncopied).
+
+    Segment `seg` reads `token_chunks[seg_chunk[seg]][seg_local[seg]:...]`; a sample never
+    spans two chunks. The output is identical to `gather_rows` over the concatenated values.
+    """
+    t = 0
+    c = 0
+    s = 0
+    out_row_offsets[0] = 0
+    out_cu_offsets[0] = 0
+    out_sample_row_offsets[0] = 0
+    for r in range(r0, r1):
+        row_begin = t
+        loss = 0
+        out_cu[c] = 0
+        c += 1
+        for k in range(row_starts[r], row_starts[r + 1]):
+            seg = order[k]
+            chunk = token_chunks[seg_chunk[seg]]
+            start = seg_local[seg]
+            n = seg_len[seg]
+            for j in range(n):
+                out_ids[t + j] = chunk[start + j]
+                out_pos[t + j] = j
+            if has_labels:
+                lchunk = label_chunks[seg_chunk[seg]]
+                for j in range(n):
+                    out_labels[t + j] = lchunk[start + j]
+            else:
+                for j in range(n):
+                    out_labels[t + j] = chunk[start + j]
+            out_labels[t] = IGNORE_INDEX
+            for j in range(n):
+                if out_labels[t + j] != IGNORE_INDEX:
+                    loss += 1
+            t += n
+            out_cu[c] = t - row_begin
+            c += 1
+            out_sample[s] = seg_sample[seg]
+            out_sample_offset[s] = seg_offset[seg]
+            s += 1
+        if pad and t - row_begin < max_len:
+            n = max_len - (t - row_begin)
+            for j in range(n):
+                out_ids[t + j] = pad_id
+                out_labels[t + j] = IGNORE_INDEX
+                out_pos[t + j] = j
+            t += n
+            out_cu[c] = max_len
+            c += 1
+        i = r - r0
+        out_row_offsets[i + 1] = t
+        out_cu_offsets[i + 1] = c
+        out_sample_row_offsets[i + 1] = s
+        out_loss[i] = loss
+    return t, c

@@ -165,7 +165,7 @@ def pack(
                                      batch_bytes=batch_bytes_for(budget))
         else:
             samples = read_samples(inputs, cfg.input_column, labels_column, progress=on_file,
-                                   on_error=cfg.on_error)
+                                   on_error=cfg.on_error, chunked=True)
         timings["read"] = time.perf_counter() - t0
         return _pack_samples(samples, out, cfg, overwrite, progress, workers, timings, t0,
                              out_of_core)

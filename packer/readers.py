@@ -542,6 +542,7 @@ def _check_table(raw: RawTable, where: str, input_column: str,
 def read_file(
     path: Path, input_column: str = "input_ids", labels_column: str | None = "labels",
     first_index: int = 0, on_error: str = "error", rejects: Rejects | None = None,
+    chunked: bool = False,
 ) -> tuple[SourceFile, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Read and validate one file: (source, tokens int32, lengths, labels int32 | None, kept).
 
@@ -553,7 +554,7 @@ def read_file(
     raw = READERS[fmt](path, columns)
     src = new_source(path, fmt, raw.table.num_rows, first_index, raw.lines)
     tokens, lengths, lab, kept, has_labels = validate(
-        raw, src, 0, input_column, labels_column, on_error, rejects)
+        raw, src, 0, input_column, labels_column, on_error, rejects, chunked)
     src.has_labels = has_labels
     return src, tokens, lengths, lab, kept
 
@@ -569,14 +570,15 @@ def new_source(path: Path, fmt: str, num_samples: int, first_index: int,
 
 def validate(
     raw: RawTable, src: SourceFile, row_base: int, input_column: str,
-    labels_column: str | None, on_error: str, rejects: Rejects | None,
+    labels_column: str | None, on_error: str, rejects: Rejects | None, chunked: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, bool]:
     """Validate rows `row_base...` of `src` held in `raw`: (tokens, lengths, labels, kept, labels?).
 
     `kept` (rows within `raw`) is None when every row is valid. Used per file by the in-memory
     reader and per record batch by the streaming reader, with the same codes and messages.
+    With `chunked`, valid int32 data comes back as lists of views of the Arrow chunks.
     """
-    fast = (fast_flatten(raw.table, input_column, labels_column)
+    fast = (fast_flatten(raw.table, input_column, labels_column, zero_copy=chunked)
             if raw.parse_codes is None else None)
     if fast is not None:  # every row valid: one compiled pass, no per-row codes needed
         tokens, lengths, lab = fast
@@ -613,8 +615,12 @@ def read_samples(
     require_labels: bool = False,
     progress: Callable[[Path], None] | None = None,
     on_error: str = "error",
+    chunked: bool = False,
 ) -> Samples:
     """Read and validate every input file into one `Samples` (files in the given, sorted order).
+
+    chunked: keep valid int32 values in the input's Arrow chunks instead of one flat copy
+    (`Samples.token_chunks`; `tokens`/`labels` are None); `pack` reads this way.
 
     on_error: "error" raises `InputError` at the first bad sample; "skip" leaves bad samples out
     and lists them in `Samples.rejects` (their global indices stay reserved, see `Samples.index`).
@@ -628,7 +634,7 @@ def read_samples(
     first = 0
     for path in paths:
         src, ids, lengths, labels, kept = read_file(
-            path, input_column, labels_column, first, on_error, rejects)
+            path, input_column, labels_column, first, on_error, rejects, chunked)
         if sources and src.has_labels != sources[0].has_labels:
             with_, without = (src, sources[0]) if src.has_labels else (sources[0], src)
             raise InputError(
@@ -653,15 +659,43 @@ def read_samples(
                          f"({_counts_text(rejects)})")
     offsets = np.zeros(kept_total + 1, np.int64)
     np.cumsum(np.concatenate(len_parts), out=offsets[1:])
+    index = None
+    if kept_total != first:
+        index = np.concatenate(index_parts).astype(np.int64, copy=False)
+    if chunked:
+        return _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects)
     tokens = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
     labels = None
     if sources[0].has_labels:
         labels = np.concatenate(lab_parts) if len(lab_parts) > 1 else lab_parts[0]
-    index = None
-    if kept_total != first:
-        index = np.concatenate(index_parts).astype(np.int64, copy=False)
     return Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index,
                    rejects=rejects)
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    view = a.view()
+    view.flags.writeable = False  # one array type for every chunk, for the gather kernel
+    return view
+
+
+def _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> Samples:
+    from numba import typed
+
+    tok, lab = typed.List(), typed.List() if sources[0].has_labels else None
+    starts = [0]
+    for ids, labels in zip(ids_parts, lab_parts):
+        pieces = ids if isinstance(ids, list) else [ids]
+        lpieces = (labels if isinstance(labels, list) else [labels]) if lab is not None else None
+        for k, piece in enumerate(pieces):
+            if piece.size == 0:
+                continue
+            tok.append(_readonly(piece))
+            if lab is not None:
+                lab.append(_readonly(lpieces[k]))
+            starts.append(starts[-1] + piece.size)
+    return Samples(tokens=None, offsets=offsets, labels=None, sources=sources, index=index,
+                   rejects=rejects, token_chunks=tok, label_chunks=lab,
+                   chunk_starts=np.asarray(starts, np.int64))
 
 
 def _counts_text(rejects: Rejects | None) -> str:

@@ -114,6 +114,16 @@ class Samples:
     sources: list[SourceFile]
     index: np.ndarray | None = None  # int64[n]: global index of each kept sample; None = 0..n-1
     rejects: Rejects | None = None
+    # Chunked form (`read_samples(..., chunked=True)`, used by `pack`): the values stay in the
+    # input's Arrow chunks, uncopied; `tokens` and `labels` are then None and global position p
+    # is in chunk k = searchsorted(chunk_starts, p, "right") - 1. See `packer.gather`.
+    token_chunks: list | None = None
+    label_chunks: list | None = None
+    chunk_starts: np.ndarray | None = None  # int64[k + 1]
+
+    @property
+    def has_labels(self) -> bool:
+        return self.labels is not None or self.label_chunks is not None
 
     @property
     def num_samples(self) -> int:

@@ -11,9 +11,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 from packer import workers as workers_mod
 from packer.config import PackConfig
-from packer.gather import Buffers, gather_rows, shard_sizes
+from packer.gather import Buffers, gather_rows, gather_rows_chunked, shard_sizes
 from packer.overlength import Segments
 from packer.planning import Plan
 from packer.samples import Samples
@@ -44,6 +46,16 @@ def _allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
 def gather_shard(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int,
                  buf: Buffers) -> tuple[int, int]:
     """Fill `buf` with rows a..b; return (tokens, cu_seqlens entries)."""
+    if samples.token_chunks is not None:
+        seg_chunk, seg_local = _chunk_positions(samples, segs)
+        has = samples.label_chunks is not None
+        return gather_rows_chunked(
+            samples.token_chunks, samples.label_chunks if has else samples.token_chunks, has,
+            seg_chunk, seg_local, pl.order, pl.row_starts, segs.sample, segs.length,
+            segs.offset, a, b, cfg.max_len, cfg.pad, cfg.pad_id, buf.ids, buf.labels, buf.pos,
+            buf.row_offsets, buf.cu, buf.cu_offsets, buf.sample, buf.sample_offset,
+            buf.sample_row_offsets, buf.loss,
+        )
     labels = samples.labels if samples.labels is not None else samples.tokens
     return gather_rows(
         samples.tokens, labels, samples.labels is not None, pl.order, pl.row_starts,
@@ -51,6 +63,17 @@ def gather_shard(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a:
         cfg.pad_id, buf.ids, buf.labels, buf.pos, buf.row_offsets, buf.cu, buf.cu_offsets,
         buf.sample, buf.sample_offset, buf.sample_row_offsets, buf.loss,
     )
+
+
+def _chunk_positions(samples: Samples, segs: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """(chunk, start within the chunk) of every segment, computed once per Segments."""
+    cached = getattr(segs, "_chunk_positions", None)
+    if cached is None:
+        chunk = np.searchsorted(samples.chunk_starts, segs.start, side="right") - 1
+        local = segs.start - samples.chunk_starts[chunk]
+        cached = (chunk.astype(np.int64), local.astype(np.int64))
+        segs._chunk_positions = cached
+    return cached
 
 
 def gather_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig) -> Buffers:
