@@ -30,9 +30,9 @@ from packer.readers import (
     _JSON_BLOCK,
     READERS,
     RawTable,
-    _counts_text,
     _json_schema,
     _list_of_int,
+    assemble_offsets,
     detect_format,
     expand_inputs,
     new_source,
@@ -303,17 +303,7 @@ def stream_samples(
     finally:
         tokens = out[0].close()
         labels = out[1].close()
-    kept_total = sum(len(x) for x in len_parts)
-    if first == 0:
-        raise InputError("the dataset is empty: the inputs hold no samples")
-    if kept_total == 0:
-        raise InputError(f"the dataset is empty: all {first} samples were rejected "
-                         f"({_counts_text(rejects)})")
-    offsets = np.zeros(kept_total + 1, np.int64)
-    np.cumsum(np.concatenate(len_parts), out=offsets[1:])
-    index = None
-    if kept_total != first:
-        index = np.concatenate(index_parts).astype(np.int64, copy=False)
+    offsets, index = assemble_offsets(len_parts, index_parts, first, rejects)
     return Samples(tokens=tokens, offsets=offsets,
                    labels=labels if sources[0].has_labels else None, sources=sources,
                    index=index, rejects=rejects)

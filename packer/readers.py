@@ -651,17 +651,7 @@ def read_samples(
         first += src.num_samples
         if progress:
             progress(path)
-    kept_total = sum(len(x) for x in len_parts)
-    if first == 0:
-        raise InputError("the dataset is empty: the inputs hold no samples")
-    if kept_total == 0:
-        raise InputError(f"the dataset is empty: all {first} samples were rejected "
-                         f"({_counts_text(rejects)})")
-    offsets = np.zeros(kept_total + 1, np.int64)
-    np.cumsum(np.concatenate(len_parts), out=offsets[1:])
-    index = None
-    if kept_total != first:
-        index = np.concatenate(index_parts).astype(np.int64, copy=False)
+    offsets, index = assemble_offsets(len_parts, index_parts, first, rejects)
     if chunked:
         return _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects)
     tokens = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
@@ -702,3 +692,22 @@ def _counts_text(rejects: Rejects | None) -> str:
     if not rejects:
         return ""
     return ", ".join(f"{k}: {v}" for k, v in sorted(rejects.counts.items()))
+
+
+def assemble_offsets(len_parts, index_parts, num_read: int, rejects):
+    """Offsets of the kept samples and, when some were skipped, their global indices.
+
+    Raises when the inputs hold no sample, or when every sample was rejected.
+    """
+    kept_total = sum(len(x) for x in len_parts)
+    if num_read == 0:
+        raise InputError("the dataset is empty: the inputs hold no samples")
+    if kept_total == 0:
+        raise InputError(f"the dataset is empty: all {num_read} samples were rejected "
+                         f"({_counts_text(rejects)})")
+    offsets = np.zeros(kept_total + 1, np.int64)
+    np.cumsum(np.concatenate(len_parts), out=offsets[1:])
+    index = None
+    if kept_total != num_read:
+        index = np.concatenate(index_parts).astype(np.int64, copy=False)
+    return offsets, index
