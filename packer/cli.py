@@ -125,6 +125,9 @@ def pack(
         "in rejects.jsonl in the output. [default: error]"),
     shard_rows: Optional[int] = typer.Option(None, "--shard-rows",
         help="Rows per output shard. [default: rows holding about 16M tokens]"),
+    hash_: Optional[str] = typer.Option(None, "--hash",
+        help="Content hash of each shard in the manifest: xxh3_128 (fast) or sha256. "
+        "[default: xxh3_128]"),
     overwrite: bool = typer.Option(False, "--overwrite",
         help="Replace an existing output (kept in place until the new one is complete)."),
     config: Optional[Path] = typer.Option(None, "--config", "-c",
@@ -150,6 +153,7 @@ def pack(
             "max_len": max_len, "strategy": strategy, "overlength": overlength, "pad": pad,
             "pad_id": pad_id, "seed": seed, "window": window, "input_column": input_column,
             "labels_column": labels_column, "shard_rows": shard_rows, "on_error": on_error,
+            "hash": hash_,
         })
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
             result = run_pack(inputs, output, cfg, overwrite=overwrite, progress=progress,

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 from packer.errors import UsageError
+from packer.hashing import ALGORITHMS
 from packer.overlength import POLICIES
 
 ON_ERROR = ("error", "skip")
@@ -31,6 +32,7 @@ class PackConfig:
     labels_column: str = "labels"
     shard_rows: int | None = None  # None: as many rows as hold ~16M tokens
     on_error: str = "error"  # bad samples: "error" stops at the first, "skip" leaves them out
+    hash: str = "xxh3_128"  # content hash of each shard in the manifest (or "sha256")
 
     def rows_per_shard(self) -> int:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
@@ -51,6 +53,9 @@ class PackConfig:
         if self.on_error not in ON_ERROR:
             raise UsageError(
                 f"unknown --on-error '{self.on_error}' (choose from {', '.join(ON_ERROR)})")
+        if self.hash not in ALGORITHMS:
+            raise UsageError(
+                f"unknown --hash '{self.hash}' (choose from {', '.join(ALGORITHMS)})")
         if not -(2**31) <= self.pad_id < 2**31:
             raise UsageError(f"--pad-id {self.pad_id} does not fit a 32-bit token id")
         if self.shard_rows is not None and self.shard_rows < 1:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packer import __version__, output
+from packer import __version__, hashing, output
 from packer.cache import (
     batch_bytes_for,
     default_budget,
@@ -105,15 +105,13 @@ def build_manifest(cfg: PackConfig, samples: Samples, stats: dict, shards: list[
     }
 
 
-def _write_rejects(samples: Samples, tmp: Path) -> dict:
+def _write_rejects(samples: Samples, tmp: Path, algorithm: str) -> dict:
     """rejects.jsonl: file, line (JSONL) or row (Parquet/Arrow), sample_index, reason, message."""
-    from packer.writer import sha256_file
-
     path = tmp / REJECTS
     with open(path, "w", encoding="utf-8") as fh:
         fh.writelines(samples.rejects.jsonl_lines() if samples.rejects else ())
     return {"file": REJECTS, "count": samples.num_rejected, "bytes": path.stat().st_size,
-            "sha256": sha256_file(path)}
+            algorithm: hashing.file_digest(path, algorithm)}
 
 
 def pack(
@@ -197,7 +195,7 @@ def _pack_samples(samples: Samples, out: Path, cfg: PackConfig, overwrite: bool,
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens)
-        rejects = _write_rejects(samples, tmp) if cfg.on_error == "skip" else None
+        rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
         manifest = build_manifest(cfg, samples, stats, shards, rejects)
         # The manifest is written last: a directory with shards but no manifest is never complete.
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:

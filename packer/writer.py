@@ -6,14 +6,12 @@ The stream format is what `datasets.Dataset.from_file` memory-maps, and what
 
 from __future__ import annotations
 
-import hashlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from packer import workers
+from packer import hashing
 from packer.gather import Buffers
 
 SCHEMA = pa.schema([
@@ -28,32 +26,17 @@ SCHEMA = pa.schema([
 
 
 class _HashingFile:
-    """A write-only file that hashes what passes through, so shards are never read back.
+    """A write-only file that hashes what passes through, so shards are never read back."""
 
-    With `overlap`, the sha256 of each large buffer runs on a helper thread while the same
-    bytes are written (both release the GIL); updates stay in order, so the digest is the same.
-    """
-
-    _BIG = 1 << 20  # smaller writes (IPC metadata, padding) are hashed inline
-
-    def __init__(self, path: Path, overlap: bool = False):
+    def __init__(self, path: Path, algorithm: str):
         self._fh = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self.sha256 = hashlib.sha256()
+        self.digest = hashing.new(algorithm)
         self.bytes = 0
         self.closed = False
-        self._pool = ThreadPoolExecutor(max_workers=1) if overlap else None
-        self._last: Future | None = None
 
     def write(self, data) -> int:
         view = memoryview(data)
-        if self._pool is not None and view.nbytes >= self._BIG:
-            # `view` keeps the Arrow buffer alive until the hash has read it
-            self._last = self._pool.submit(self.sha256.update, view)
-        else:
-            if self._last is not None:
-                self._last.result()
-                self._last = None
-            self.sha256.update(view)
+        self.digest.update(view)
         self._fh.write(view)
         self.bytes += view.nbytes
         return view.nbytes
@@ -63,9 +46,6 @@ class _HashingFile:
 
     def close(self) -> None:
         if not self.closed:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-            self._last = None
             self._fh.close()
             self.closed = True
 
@@ -92,25 +72,12 @@ def shard_batch(buf: Buffers, rows: int, tokens: int, cu_entries: int) -> pa.Rec
     )
 
 
-def write_shard(path: Path, batch: pa.RecordBatch, overlap: bool | None = None) -> dict:
-    """Write one shard; return its manifest entry (without the name).
-
-    overlap: hash on a helper thread while writing [default: when more than one worker].
-    """
-    if overlap is None:
-        overlap = workers.current() > 1
-    sink = _HashingFile(path, overlap)
+def write_shard(path: Path, batch: pa.RecordBatch, algorithm: str = hashing.DEFAULT) -> dict:
+    """Write one shard; return its manifest entry (without the name)."""
+    sink = _HashingFile(path, algorithm)
     try:
         with pa.ipc.new_stream(sink, SCHEMA) as writer:
             writer.write_batch(batch)
     finally:
         sink.close()
-    return {"bytes": sink.bytes, "sha256": sink.sha256.hexdigest()}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return {"bytes": sink.bytes, algorithm: sink.digest.hexdigest()}

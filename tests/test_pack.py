@@ -219,11 +219,44 @@ def test_shards_are_deterministic_and_sharded(tmp_path, cli, samples):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
     manifest = json.loads((outs[0] / "manifest.json").read_text())
     assert all(s["rows"] <= 10 for s in manifest["shards"])
-    import hashlib
+    import xxhash
 
     for s in manifest["shards"]:
-        assert hashlib.sha256((outs[0] / s["file"]).read_bytes()).hexdigest() == s["sha256"]
+        assert xxhash.xxh3_128((outs[0] / s["file"]).read_bytes()).hexdigest() == s["xxh3_128"]
+        assert "sha256" not in s
         assert (outs[0] / s["file"]).stat().st_size == s["bytes"]
+
+
+def test_hash_sha256(tmp_path, cli, samples):
+    """`--hash sha256` records sha256 digests that `sha256sum` would print, and verify checks them."""
+    import hashlib
+
+    src = write_jsonl(tmp_path / "in.jsonl", samples)
+    out = tmp_path / "out"
+    result = cli("pack", str(src), "-o", str(out), "-L", "64", "--overlength", "split",
+                 "--shard-rows", "10", "--hash", "sha256")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["hash"] == "sha256"
+    for s in manifest["shards"]:
+        assert hashlib.sha256((out / s["file"]).read_bytes()).hexdigest() == s["sha256"]
+        assert "xxh3_128" not in s
+    assert cli("verify", str(out), "--rows", "1").exit_code == 0
+    shard = out / manifest["shards"][0]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-100] ^= 1  # a flipped bit in the last buffer
+    shard.write_bytes(bytes(data))
+    result = cli("verify", str(out), "--rows", "1")
+    assert result.exit_code == 1
+    assert f"{shard.name}: sha256 differs from the manifest" in result.output
+
+
+def test_unknown_hash_is_a_usage_error(tmp_path, cli, samples):
+    src = write_jsonl(tmp_path / "in.jsonl", samples)
+    result = cli("pack", str(src), "-o", str(tmp_path / "out"), "-L", "64", "--hash", "md5")
+    assert result.exit_code == 2
+    assert "unknown --hash 'md5' (choose from xxh3_128, sha256)" in result.output
+    assert not (tmp_path / "out").exists()
 
 
 def test_shards_load_with_datasets(tmp_path, cli, samples):

@@ -13,8 +13,9 @@ import pyarrow as pa
 import pytest
 from conftest import make_samples, write_jsonl
 
+from packer.hashing import file_digest
 from packer.verify import VerificationFailed, verify
-from packer.writer import SCHEMA, sha256_file
+from packer.writer import SCHEMA
 
 MAX_LEN = 128
 
@@ -80,7 +81,7 @@ def save_shard(out: Path, name: str, rows: list[dict], recount: bool = False) ->
     manifest = json.loads((out / "manifest.json").read_text())
     for entry in manifest["shards"]:
         if entry["file"] == name:
-            entry["sha256"] = sha256_file(path)
+            entry["xxh3_128"] = file_digest(path)
             entry["bytes"] = path.stat().st_size
             if recount:
                 old = dict(entry)
@@ -251,11 +252,11 @@ def test_tokens_changed_against_input(cli, packed, tmp_path):
 def test_hash_mismatch_is_reported(cli, packed, tmp_path):
     out = copy_output(packed[0], tmp_path / "bad")
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["shards"][0]["sha256"] = "0" * 64
+    manifest["shards"][0]["xxh3_128"] = "0" * 32
     (out / "manifest.json").write_text(json.dumps(manifest))
     code, report = run_verify(cli, out, "--rows", "1")
     assert code == 1
-    assert messages(report) == [f"{manifest['shards'][0]['file']}: sha256 differs from the "
+    assert messages(report) == [f"{manifest['shards'][0]['file']}: xxh3_128 differs from the "
                                 "manifest (the shard changed after packing)"]
 
 
@@ -346,4 +347,4 @@ def test_shard_with_a_foreign_schema(cli, packed, tmp_path):
     assert code == 1
     assert f"{name}: column 'input_ids' has type list<item: int64>, expected list<item: int32>" \
         in messages(report, "structure")
-    assert any("sha256 differs" in m for m in messages(report, "manifest"))
+    assert any("xxh3_128 differs" in m for m in messages(report, "manifest"))

@@ -20,7 +20,7 @@ def _summary(name: str, d: dict) -> str:
         return (f"{_fmt(d.get('rows'))} rows, {_fmt(d.get('samples'))} samples, "
                 f"{_fmt(d.get('tokens'))} tokens in {_fmt(d.get('shards'))} shard(s)")
     if name == "manifest":
-        return f"{_fmt(d.get('shards'))} shard(s): counts and sha256"
+        return f"{_fmt(d.get('shards'))} shard(s): counts and hashes"
     if name == "input":
         return f"{_fmt(d.get('samples'))} source samples, tokens and labels"
     if name == "attention":

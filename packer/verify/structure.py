@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from packer import hashing
 from packer.samples import Samples
 from packer.verify import kernels as K
 from packer.verify.result import CheckResult, Failure
 from packer.verify.shards import ShardArrays, read_shard
-from packer.writer import sha256_file
 
 
 @dataclass
@@ -328,9 +328,10 @@ def check_structure(output_dir: Path, manifest: dict, source: Samples | None,
             manifest_check.fail(Failure("manifest", f"{name}: listed in the manifest but missing",
                                         shard=name))
             continue
-        if "sha256" in entry and sha256_file(path) != entry["sha256"]:
-            manifest_check.fail(Failure("manifest", f"{name}: sha256 differs from the manifest "
-                                        "(the shard changed after packing)", shard=name))
+        digest = hashing.recorded(entry)
+        if digest and hashing.file_digest(path, digest[0]) != digest[1]:
+            manifest_check.fail(Failure("manifest", f"{name}: {digest[0]} differs from the "
+                                        "manifest (the shard changed after packing)", shard=name))
         if "bytes" in entry and path.stat().st_size != int(entry["bytes"]):
             manifest_check.fail(Failure("manifest", f"{name}: {path.stat().st_size} bytes, the "
                                         f"manifest says {entry['bytes']}", shard=name))
