@@ -3,7 +3,8 @@
 The gather kernel releases the GIL, and hashing plus writing a shard spend their time in
 the hash and the kernel's write path, so with two buffers shard i+1 is gathered while shard i is
 written. With `workers=1` the same work runs in sequence. Each finished shard is flushed to disk
-on a third thread, which only waits on the device, so the final commit has little left to sync.
+on a third thread, which only waits on the device, so the final commit has little left to sync,
+and its pages leave the page cache so that later shards reuse them (see `output.fsync_file`).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def write_shards(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, ou
         name = f"shard-{i:0{width}d}.arrow"
         path = out_dir / name
         entry = write_shard(path, shard_batch(buf, rows, tokens, cu_entries), cfg.hash)
-        syncs.append(syncer.submit(fsync_file, path))
+        syncs.append(syncer.submit(fsync_file, path, drop_cache=True))
         segments = int(buf.sample_row_offsets[rows])
         return {"file": name, "rows": rows, "tokens": tokens, "segments": segments,
                 "loss_tokens": int(buf.loss[:rows].sum()), **entry}
