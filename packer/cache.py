@@ -101,8 +101,12 @@ def estimate_decoded_bytes(paths: list[Path], columns: list[str]) -> int:
 
 
 def batch_bytes_for(budget: int) -> int:
-    """Streamed batch size for a memory budget: a small slice of it, at most 32 MiB."""
-    return max(1 << 12, min(BATCH_BYTES, budget // 16))
+    """Streamed batch size for a memory budget: a small slice of it, at most 32 MiB.
+
+    Decoding a Parquet batch peaks at about five times its decoded size in Arrow's pool,
+    which keeps some of it; 1/64 of the budget leaves room for the plan's per-sample arrays.
+    """
+    return max(1 << 12, min(BATCH_BYTES, budget // 64))
 
 
 def needs_out_of_core(paths: list[Path], columns: list[str], budget: int) -> bool:
@@ -333,8 +337,8 @@ def _stream_file(path, fmt, tables, columns, first, input_column, labels_column,
             if labels is not None:
                 out[1].add(labels)
             len_parts.append(lengths)
-            index_parts.append(first + (np.arange(rows, rows + n, dtype=np.int64) if kept is None
-                                        else kept.astype(np.int64) + rows))
+            index_parts.append((first + rows, first + rows + n) if kept is None
+                               else first + rows + kept.astype(np.int64))
             rows += n
     except _JsonlFallback:
         raise _Restart() from None

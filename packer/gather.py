@@ -1,7 +1,7 @@
 """Gather: copy planned segments into packed row buffers in one pass over the tokens.
 
-The kernel writes into caller-owned buffers so a run can reuse them across shards (writing into
-fresh memory is several times slower than into warm memory, see DESIGN.md).
+The kernel writes into caller-owned buffers so a run can reuse them across record batches and
+shards (writing into fresh memory is several times slower than into warm memory, see DESIGN.md).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
+from numba import njit, typed
 
 from packer.samples import IGNORE_INDEX
 
@@ -32,70 +32,9 @@ def shard_sizes(order, row_starts, seg_len, r0, r1, max_len, pad):  # pragma: no
     return tokens, segments
 
 
-@njit(cache=True, nogil=True)
-def gather_rows(
-    tokens, labels, has_labels, order, row_starts, seg_sample, seg_start, seg_len, seg_offset,
-    r0, r1, max_len, pad, pad_id,
-    out_ids, out_labels, out_pos, out_row_offsets, out_cu, out_cu_offsets,
-    out_sample, out_sample_offset, out_sample_row_offsets, out_loss,
-):  # pragma: no cover - compiled
-    """Fill the packed columns of rows r0..r1 (exclusive) and return (tokens, cu entries)."""
-    t = 0  # write position in token buffers
-    c = 0  # write position in cu_seqlens values
-    s = 0  # write position in per-sample provenance
-    out_row_offsets[0] = 0
-    out_cu_offsets[0] = 0
-    out_sample_row_offsets[0] = 0
-    for r in range(r0, r1):
-        row_begin = t
-        loss = 0
-        out_cu[c] = 0
-        c += 1
-        for k in range(row_starts[r], row_starts[r + 1]):
-            seg = order[k]
-            start = seg_start[seg]
-            n = seg_len[seg]
-            for j in range(n):
-                out_ids[t + j] = tokens[start + j]
-                out_pos[t + j] = j
-            if has_labels:
-                for j in range(n):
-                    out_labels[t + j] = labels[start + j]
-            else:
-                for j in range(n):
-                    out_labels[t + j] = tokens[start + j]
-            # the first token of a sample is never a target: after the model's shift the last
-            # token of the previous sample would otherwise predict it
-            out_labels[t] = IGNORE_INDEX
-            for j in range(n):
-                if out_labels[t + j] != IGNORE_INDEX:
-                    loss += 1
-            t += n
-            out_cu[c] = t - row_begin
-            c += 1
-            out_sample[s] = seg_sample[seg]
-            out_sample_offset[s] = seg_offset[seg]
-            s += 1
-        if pad and t - row_begin < max_len:
-            n = max_len - (t - row_begin)
-            for j in range(n):
-                out_ids[t + j] = pad_id
-                out_labels[t + j] = IGNORE_INDEX
-                out_pos[t + j] = j
-            t += n
-            out_cu[c] = max_len
-            c += 1
-        i = r - r0
-        out_row_offsets[i + 1] = t
-        out_cu_offsets[i + 1] = c
-        out_sample_row_offsets[i + 1] = s
-        out_loss[i] = loss
-    return t, c
-
-
 @dataclass
 class Buffers:
-    """Output buffers sized for the largest shard, reused across shards."""
+    """Output buffers sized for the largest record batch, reused across batches and shards."""
 
     ids: np.ndarray
     labels: np.ndarray
@@ -125,16 +64,17 @@ class Buffers:
 
 
 @njit(cache=True, nogil=True)
-def gather_rows_chunked(
+def gather_rows(
     token_chunks, label_chunks, has_labels, seg_chunk, seg_local, order, row_starts,
     seg_sample, seg_len, seg_offset, r0, r1, max_len, pad, pad_id,
     out_ids, out_labels, out_pos, out_row_offsets, out_cu, out_cu_offsets,
     out_sample, out_sample_offset, out_sample_row_offsets, out_loss,
 ):  # pragma: no cover - compiled
-    """`gather_rows` over values kept in several arrays (the input's Arrow chunks, uncopied).
+    """Fill the packed columns of rows r0..r1 (exclusive) and return (tokens, cu entries).
 
-    Segment `seg` reads `token_chunks[seg_chunk[seg]][seg_local[seg]:...]`; a sample never
-    spans two chunks. The output is identical to `gather_rows` over the concatenated values.
+    The values stay where they are (the input's Arrow chunks, a cache file or one flat array):
+    segment `seg` reads `token_chunks[seg_chunk[seg]][seg_local[seg]:...]`; a sample never
+    spans two chunks.
     """
     t = 0
     c = 0
@@ -162,6 +102,8 @@ def gather_rows_chunked(
             else:
                 for j in range(n):
                     out_labels[t + j] = chunk[start + j]
+            # the first token of a sample is never a target: after the model's shift the last
+            # token of the previous sample would otherwise predict it
             out_labels[t] = IGNORE_INDEX
             for j in range(n):
                 if out_labels[t + j] != IGNORE_INDEX:
@@ -187,3 +129,13 @@ def gather_rows_chunked(
         out_sample_row_offsets[i + 1] = s
         out_loss[i] = loss
     return t, c
+
+
+def as_chunks(arrays) -> typed.List:
+    """The typed list of read-only int32 arrays that `gather_rows` reads from."""
+    chunks = typed.List()
+    for a in arrays:
+        view = a.view()
+        view.flags.writeable = False  # one array type for every chunk
+        chunks.append(view)
+    return chunks

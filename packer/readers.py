@@ -646,8 +646,8 @@ def read_samples(
         ids_parts.append(ids)
         len_parts.append(lengths)
         lab_parts.append(labels)
-        index_parts.append(first + (kept if kept is not None else
-                                    np.arange(src.num_samples, dtype=np.int64)))
+        index_parts.append(first + kept if kept is not None else
+                           (first, first + src.num_samples))
         first += src.num_samples
         if progress:
             progress(path)
@@ -662,16 +662,10 @@ def read_samples(
                    rejects=rejects)
 
 
-def _readonly(a: np.ndarray) -> np.ndarray:
-    view = a.view()
-    view.flags.writeable = False  # one array type for every chunk, for the gather kernel
-    return view
-
-
 def _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> Samples:
-    from numba import typed
+    from packer.gather import as_chunks
 
-    tok, lab = typed.List(), typed.List() if sources[0].has_labels else None
+    tok, lab = [], [] if sources[0].has_labels else None
     starts = [0]
     for ids, labels in zip(ids_parts, lab_parts):
         pieces = ids if isinstance(ids, list) else [ids]
@@ -679,12 +673,13 @@ def _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> 
         for k, piece in enumerate(pieces):
             if piece.size == 0:
                 continue
-            tok.append(_readonly(piece))
+            tok.append(piece)
             if lab is not None:
-                lab.append(_readonly(lpieces[k]))
+                lab.append(lpieces[k])
             starts.append(starts[-1] + piece.size)
     return Samples(tokens=None, offsets=offsets, labels=None, sources=sources, index=index,
-                   rejects=rejects, token_chunks=tok, label_chunks=lab,
+                   rejects=rejects, token_chunks=as_chunks(tok),
+                   label_chunks=as_chunks(lab) if lab is not None else None,
                    chunk_starts=np.asarray(starts, np.int64))
 
 
@@ -696,6 +691,8 @@ def _counts_text(rejects: Rejects | None) -> str:
 
 def assemble_offsets(len_parts, index_parts, num_read: int, rejects):
     """Offsets of the kept samples and, when some were skipped, their global indices.
+
+    index_parts: per part, the global indices kept, or (first, end) when all were kept.
 
     Raises when the inputs hold no sample, or when every sample was rejected.
     """
@@ -709,5 +706,7 @@ def assemble_offsets(len_parts, index_parts, num_read: int, rejects):
     np.cumsum(np.concatenate(len_parts), out=offsets[1:])
     index = None
     if kept_total != num_read:
-        index = np.concatenate(index_parts).astype(np.int64, copy=False)
+        # a (first, end) pair stands for a run of samples that were all kept
+        index = np.concatenate([np.arange(*p, dtype=np.int64) if isinstance(p, tuple) else p
+                                for p in index_parts]).astype(np.int64, copy=False)
     return offsets, index

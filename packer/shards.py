@@ -1,10 +1,15 @@
-"""Gather planned rows into shards and write them, overlapping the two on separate cores.
+"""Gather planned rows into record batches and write them as shards, on separate cores.
 
-The gather kernel releases the GIL, and hashing plus writing a shard spend their time in
-the hash and the kernel's write path, so with two buffers shard i+1 is gathered while shard i is
-written. With `workers=1` the same work runs in sequence. Each finished shard is flushed to disk
-on a third thread, which only waits on the device, so the final commit has little left to sync,
-and its pages leave the page cache so that later shards reuse them (see `output.fsync_file`).
+A shard is an Arrow IPC stream of record batches of at most `BATCH_TOKENS` tokens, so the
+gather buffers, and with them packer's memory, do not grow with the shard size or the input.
+The batch size is fixed (not derived from `--memory-budget` or `--workers`): the output bytes
+never depend on the machine.
+
+The gather kernel releases the GIL, and hashing plus writing spend their time in the hash and
+the kernel's write path, so with two buffers batch i+1 is gathered while batch i is written.
+With `workers=1` the same work runs in sequence. Each finished shard is flushed to disk on a
+third thread, which only waits on the device, so the final commit has little left to sync, and
+its pages leave the page cache so that later shards reuse them (see `output.fsync_file`).
 """
 
 from __future__ import annotations
@@ -17,14 +22,16 @@ import numpy as np
 
 from packer import workers as workers_mod
 from packer.config import PackConfig
-from packer.gather import Buffers, gather_rows, gather_rows_chunked, shard_sizes
+from packer.gather import Buffers, as_chunks, gather_rows, shard_sizes
 from packer.output import fsync_file
 from packer.overlength import Segments
 from packer.planning import Plan
 from packer.samples import Samples
-from packer.writer import shard_batch, write_shard
+from packer.writer import ShardWriter, shard_batch
 
 Progress = Callable[[str, int, int], None]
+
+BATCH_TOKENS = 1 << 20  # per record batch: 4 MiB per int32 column, like HF datasets' batches
 
 
 def shard_bounds(num_rows: int, rows_per_shard: int) -> list[tuple[int, int]]:
@@ -32,109 +39,137 @@ def shard_bounds(num_rows: int, rows_per_shard: int) -> list[tuple[int, int]]:
     return [(a, min(a + rows_per_shard, num_rows)) for a in starts]
 
 
+def batch_rows(cfg: PackConfig) -> int:
+    """Rows per record batch: as many as hold `BATCH_TOKENS` at most (at least one)."""
+    return max(1, BATCH_TOKENS // cfg.max_len)
+
+
+def batch_bounds(pl: Plan, cfg: PackConfig) -> list[tuple[int, int, int]]:
+    """(shard, first row, end row) of every record batch, in output order."""
+    out = []
+    per_batch = batch_rows(cfg)
+    for i, (a, b) in enumerate(shard_bounds(pl.num_rows, cfg.rows_per_shard())):
+        out.extend((i, r, min(r + per_batch, b)) for r in range(a, b, per_batch))
+    return out
+
+
 def default_workers() -> int:
     return workers_mod.current()
 
 
-def _allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
+def allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
+    """Buffers for the largest of the (.., first row, end row) ranges in `bounds`."""
     sizes = [shard_sizes(pl.order, pl.row_starts, segs.length, a, b, cfg.max_len, cfg.pad)
-             for a, b in bounds]
+             for *_, a, b in bounds]
     return Buffers.allocate(
         max_tokens=max((t for t, _ in sizes), default=0),
-        max_rows=max((b - a for a, b in bounds), default=0),
+        max_rows=max((b - a for *_, a, b in bounds), default=0),
         max_segments=max((s for _, s in sizes), default=0),
     )
 
 
-def gather_shard(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int,
+def gather_batch(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int,
                  buf: Buffers) -> tuple[int, int]:
     """Fill `buf` with rows a..b; return (tokens, cu_seqlens entries)."""
-    if samples.token_chunks is not None:
-        seg_chunk, seg_local = _chunk_positions(samples, segs)
-        has = samples.label_chunks is not None
-        return gather_rows_chunked(
-            samples.token_chunks, samples.label_chunks if has else samples.token_chunks, has,
-            seg_chunk, seg_local, pl.order, pl.row_starts, segs.sample, segs.length,
-            segs.offset, a, b, cfg.max_len, cfg.pad, cfg.pad_id, buf.ids, buf.labels, buf.pos,
-            buf.row_offsets, buf.cu, buf.cu_offsets, buf.sample, buf.sample_offset,
-            buf.sample_row_offsets, buf.loss,
-        )
-    labels = samples.labels if samples.labels is not None else samples.tokens
+    tokens, labels, seg_chunk, seg_local = _sources(samples, segs)
     return gather_rows(
-        samples.tokens, labels, samples.labels is not None, pl.order, pl.row_starts,
-        segs.sample, segs.start, segs.length, segs.offset, a, b, cfg.max_len, cfg.pad,
-        cfg.pad_id, buf.ids, buf.labels, buf.pos, buf.row_offsets, buf.cu, buf.cu_offsets,
-        buf.sample, buf.sample_offset, buf.sample_row_offsets, buf.loss,
+        tokens, labels, samples.has_labels, seg_chunk, seg_local, pl.order, pl.row_starts,
+        segs.sample, segs.length, segs.offset, a, b, cfg.max_len, cfg.pad, cfg.pad_id,
+        buf.ids, buf.labels, buf.pos, buf.row_offsets, buf.cu, buf.cu_offsets, buf.sample,
+        buf.sample_offset, buf.sample_row_offsets, buf.loss,
     )
 
 
-def _chunk_positions(samples: Samples, segs: Segments) -> tuple[np.ndarray, np.ndarray]:
-    """(chunk, start within the chunk) of every segment, computed once per Segments."""
-    cached = getattr(segs, "_chunk_positions", None)
+def _sources(samples: Samples, segs: Segments):
+    """(token chunks, label chunks, chunk of each segment, start within it), once per Segments."""
+    cached = getattr(segs, "_sources", None)
     if cached is None:
-        chunk = np.searchsorted(samples.chunk_starts, segs.start, side="right") - 1
-        local = segs.start - samples.chunk_starts[chunk]
-        cached = (chunk.astype(np.int64), local.astype(np.int64))
-        segs._chunk_positions = cached
+        if samples.token_chunks is not None:
+            tokens, labels = samples.token_chunks, samples.label_chunks
+            chunk = np.searchsorted(samples.chunk_starts, segs.start, side="right") - 1
+            local = segs.start - samples.chunk_starts[chunk]
+        else:  # one flat array (or cache file): a single chunk
+            tokens = as_chunks([samples.tokens])
+            labels = as_chunks([samples.labels]) if samples.labels is not None else None
+            chunk = np.zeros(len(segs.start), np.int64)
+            local = segs.start
+        cached = (tokens, labels if labels is not None else tokens,
+                  chunk.astype(np.int64, copy=False), local.astype(np.int64, copy=False))
+        segs._sources = cached
     return cached
 
 
 def gather_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig) -> Buffers:
     """Every row in one set of buffers: the in-memory pack, for benchmarks and library users."""
-    bounds = [(0, pl.num_rows)]
-    buf = _allocate(pl, segs, cfg, bounds)
-    gather_shard(samples, segs, pl, cfg, 0, pl.num_rows, buf)
+    bounds = [(0, 0, pl.num_rows)]
+    buf = allocate(pl, segs, cfg, bounds)
+    gather_batch(samples, segs, pl, cfg, 0, pl.num_rows, buf)
     return buf
+
+
+def open_shard(path: Path, algorithm: str) -> ShardWriter:
+    return ShardWriter(path, algorithm)
 
 
 def write_shards(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, out_dir: Path,
                  progress: Progress | None = None, workers: int | None = None) -> list[dict]:
     """Write every shard of the plan into `out_dir`; return their manifest entries in order."""
-    bounds = shard_bounds(pl.num_rows, cfg.rows_per_shard())
-    width = max(5, len(str(len(bounds))))
+    bounds = batch_bounds(pl, cfg)
+    num_shards = bounds[-1][0] + 1 if bounds else 0
+    width = max(5, len(str(num_shards)))
     workers = workers or default_workers()
     n_buffers = 2 if workers > 1 and len(bounds) > 1 else 1
-    buffers = [_allocate(pl, segs, cfg, bounds) for _ in range(n_buffers)]
+    buffers = [allocate(pl, segs, cfg, bounds) for _ in range(n_buffers)]
     entries: list[dict] = []
-    pending: list[Future | None] = [None] * n_buffers
-
-    def finish(future: Future) -> None:
-        entries.append(future.result())
-        if progress:
-            progress("write", bounds[len(entries) - 1][1], pl.num_rows)
-
-    def write(i: int, buf: Buffers, rows: int, tokens: int, cu_entries: int) -> dict:
-        name = f"shard-{i:0{width}d}.arrow"
-        path = out_dir / name
-        entry = write_shard(path, shard_batch(buf, rows, tokens, cu_entries), cfg.hash)
-        syncs.append(syncer.submit(fsync_file, path, drop_cache=True))
-        segments = int(buf.sample_row_offsets[rows])
-        return {"file": name, "rows": rows, "tokens": tokens, "segments": segments,
-                "loss_tokens": int(buf.loss[:rows].sum()), **entry}
-
     syncs: list[Future] = []
+    state: dict = {"shard": -1, "writer": None}  # touched by the writer thread only
+    pending: list[Future | None] = [None] * n_buffers
+    done_rows = [0]
+
+    def write(k: int, buf: Buffers, rows: int, tokens: int, cu_entries: int) -> None:
+        shard, _, _ = bounds[k]
+        if state["shard"] != shard:
+            name = f"shard-{shard:0{width}d}.arrow"
+            state["shard"], state["writer"] = shard, open_shard(out_dir / name, cfg.hash)
+        writer = state["writer"]
+        writer.add(shard_batch(buf, rows, tokens, cu_entries), tokens,
+                   int(buf.sample_row_offsets[rows]), int(buf.loss[:rows].sum()))
+        if k + 1 == len(bounds) or bounds[k + 1][0] != shard:
+            state["writer"] = None
+            entries.append(writer.close())
+            syncs.append(syncer.submit(fsync_file, writer.path, drop_cache=True))
+
+    def finish(future: Future, rows: int) -> None:
+        future.result()
+        done_rows[0] += rows
+        if progress:
+            progress("write", done_rows[0], pl.num_rows)
+
     with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as syncer:
         try:
-            for i, (a, b) in enumerate(bounds):
-                slot = i % n_buffers
+            for k, (_, a, b) in enumerate(bounds):
+                slot = k % n_buffers
                 if pending[slot] is not None:  # the buffer is still being written
-                    finish(pending[slot])
+                    finish(*pending[slot])
                     pending[slot] = None
                 buf = buffers[slot]
-                tokens, cu_entries = gather_shard(samples, segs, pl, cfg, a, b, buf)
+                tokens, cu_entries = gather_batch(samples, segs, pl, cfg, a, b, buf)
+                future = pool.submit(write, k, buf, b - a, tokens, cu_entries)
                 if n_buffers == 1:
-                    finish(pool.submit(write, i, buf, b - a, tokens, cu_entries))
+                    finish(future, b - a)
                 else:
-                    pending[slot] = pool.submit(write, i, buf, b - a, tokens, cu_entries)
+                    pending[slot] = (future, b - a)
             for k in range(len(bounds), len(bounds) + n_buffers):
-                future = pending[k % n_buffers]
-                if future is not None:
-                    finish(future)
+                if pending[k % n_buffers] is not None:
+                    finish(*pending[k % n_buffers])
                     pending[k % n_buffers] = None
             for future in syncs:
                 future.result()
         finally:
-            for future in pending + syncs:
-                if future is not None:
-                    future.cancel()
+            for item in pending:
+                if item is not None:
+                    item[0].cancel()
+            pool.shutdown(wait=True)
+            if state["writer"] is not None:  # a failure left a shard open
+                state["writer"].abort()
     return entries

@@ -72,12 +72,37 @@ def shard_batch(buf: Buffers, rows: int, tokens: int, cu_entries: int) -> pa.Rec
     )
 
 
-def write_shard(path: Path, batch: pa.RecordBatch, algorithm: str = hashing.DEFAULT) -> dict:
-    """Write one shard; return its manifest entry (without the name)."""
-    sink = _HashingFile(path, algorithm)
-    try:
-        with pa.ipc.new_stream(sink, SCHEMA) as writer:
-            writer.write_batch(batch)
-    finally:
-        sink.close()
-    return {"bytes": sink.bytes, algorithm: sink.digest.hexdigest()}
+class ShardWriter:
+    """One shard file: record batches appended in order, hashed as they are written."""
+
+    def __init__(self, path: Path, algorithm: str = hashing.DEFAULT):
+        self.path = path
+        self.algorithm = algorithm
+        self._sink = _HashingFile(path, algorithm)
+        try:
+            self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
+        except BaseException:
+            self._sink.close()
+            raise
+        self.rows = self.tokens = self.segments = self.loss_tokens = 0
+
+    def add(self, batch: pa.RecordBatch, tokens: int, segments: int, loss_tokens: int) -> None:
+        self._writer.write_batch(batch)
+        self.rows += batch.num_rows
+        self.tokens += tokens
+        self.segments += segments
+        self.loss_tokens += loss_tokens
+
+    def close(self) -> dict:
+        """Finish the stream; return the shard's manifest entry."""
+        try:
+            self._writer.close()
+        finally:
+            self._sink.close()
+        return {"file": self.path.name, "rows": self.rows, "tokens": self.tokens,
+                "segments": self.segments, "loss_tokens": self.loss_tokens,
+                "bytes": self._sink.bytes, self.algorithm: self._sink.digest.hexdigest()}
+
+    def abort(self) -> None:
+        """Close the file after a failure; its directory is discarded by the caller."""
+        self._sink.close()

@@ -60,17 +60,17 @@ from packer.config import PackConfig
 from packer.overlength import resolve
 from packer.planning import plan
 from packer.readers import read_samples
-from packer.shards import _allocate, gather_all, gather_shard, shard_bounds
+from packer.shards import allocate, batch_bounds, gather_all, gather_batch
 samples = read_samples([sys.argv[1]], chunked=True)
 cfg = PackConfig(max_len=int(sys.argv[2]), overlength=sys.argv[3])
 segs = resolve(samples, cfg.max_len, cfg.overlength)  # warms the JIT cache load
 t0 = time.perf_counter()
 segs = resolve(samples, cfg.max_len, cfg.overlength)
 pl = plan(segs.length, cfg.max_len, cfg.strategy)
-bounds = shard_bounds(pl.num_rows, cfg.rows_per_shard())
-buf = _allocate(pl, segs, cfg, bounds)
-for a, b in bounds:  # what `pack` does: every shard into one reused set of buffers
-    gather_shard(samples, segs, pl, cfg, a, b, buf)
+bounds = batch_bounds(pl, cfg)
+buf = allocate(pl, segs, cfg, bounds)
+for _, a, b in bounds:  # what `pack` does: every record batch into one reused set of buffers
+    gather_batch(samples, segs, pl, cfg, a, b, buf)
 t1 = time.perf_counter()
 del buf
 t2 = time.perf_counter()

@@ -401,16 +401,16 @@ def test_full_disk_while_writing_shards(cli, tmp_path, dataset, previous, monkey
     out, before = previous
     if not with_previous:
         out = tmp_path / "fresh"
-    real = packer.shards.write_shard
+    real = packer.shards.open_shard
     calls = []
 
-    def write_shard(path, batch, algorithm):
+    def open_shard(path, algorithm):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, batch, algorithm)
+        return real(path, algorithm)
 
-    monkeypatch.setattr(packer.shards, "write_shard", write_shard)
+    monkeypatch.setattr(packer.shards, "open_shard", open_shard)
     result = cli("pack", dataset, "-o", out, "-L", "256", "--shard-rows", "3", "--overwrite")
     assert result.exit_code == 1
     assert len(calls) >= 2

@@ -19,3 +19,43 @@ def test_workers_do_not_change_the_output(tmp_path):
             tmp_path / "w2" / shard["file"]).read_bytes()
     assert (tmp_path / "w1" / "manifest.json").read_bytes() == (
         tmp_path / "w2" / "manifest.json").read_bytes()
+
+
+def test_shards_of_several_record_batches(tmp_path, monkeypatch, cli):
+    """Shards hold record batches of at most BATCH_TOKENS tokens; readers see the same rows."""
+    import datasets
+    import pyarrow as pa
+    from conftest import read_shards
+
+    import packer.shards
+    from packer.torch import PackedDataset
+
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(400, seed=3, median=40))
+    cfg = packer.PackConfig(max_len=128, overlength="split", shard_rows=40)
+    whole = packer.pack([src], tmp_path / "whole", cfg)
+    monkeypatch.setattr(packer.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
+    outs = {w: packer.pack([src], tmp_path / f"w{w}", cfg, workers=w) for w in (1, 2)}
+    assert outs[1].shards == outs[2].shards
+    for shard in outs[1].shards:
+        data = (tmp_path / "w1" / shard["file"]).read_bytes()
+        assert data == (tmp_path / "w2" / shard["file"]).read_bytes()
+        batches = list(pa.ipc.open_stream(pa.py_buffer(data)))
+        assert [b.num_rows for b in batches] == [2] * (shard["rows"] // 2) + [1] * (
+            shard["rows"] % 2)
+        assert sum(len(b.column("input_ids").values) for b in batches) == shard["tokens"]
+    assert len(outs[1].shards) > 3
+    # the same rows as shards of one batch each, through every reader
+    assert read_shards(tmp_path / "w1").equals(read_shards(tmp_path / "whole"))
+    counts = [{k: v for k, v in s.items() if k not in ("bytes", "xxh3_128")}
+              for s in outs[1].shards]
+    assert counts == [{k: v for k, v in s.items() if k not in ("bytes", "xxh3_128")}
+                      for s in whole.shards]
+    ours = PackedDataset(tmp_path / "w1")
+    theirs = PackedDataset(tmp_path / "whole")
+    assert len(ours) == len(theirs) == whole.stats["rows"]
+    for i in range(0, len(ours), 7):
+        assert all((ours[i][k] == theirs[i][k]).all() for k in ("input_ids", "labels",
+                                                                  "position_ids", "cu_seqlens"))
+    first = datasets.Dataset.from_file(str(tmp_path / "w1" / outs[1].shards[0]["file"]))
+    assert first.num_rows == outs[1].shards[0]["rows"]
+    assert cli("verify", str(tmp_path / "w1"), "--input", str(src)).exit_code == 0
