@@ -32,8 +32,8 @@ format: setup
 bench: setup
 	$(BIN)/pip install -q lightbinpack trl "$(TORCH_PIN)"
 	$(BIN)/python scripts/bench_plan.py
-	$(BIN)/python scripts/bench_pack.py --runs 3 --trl-runs 1
-	$(BIN)/python scripts/bench_memory.py --sizes 50000 200000
+	$(BIN)/python scripts/bench_pack.py --runs 5 --trl-runs 3
+	$(BIN)/python scripts/bench_memory.py --sizes 250000 1000000
 
 train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py

@@ -171,4 +171,8 @@ from packer import (  # noqa: E402  (commands register themselves on `app`)
 )
 
 if __name__ == "__main__":
-    app()
+    # `python -m packer.cli` runs this file as __main__, a second copy of the module: the
+    # commands registered themselves on the app of `packer.cli`, so run that one
+    from packer.cli import app as registered
+
+    registered()

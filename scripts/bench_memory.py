@@ -5,8 +5,8 @@ Runs `packer pack` as a subprocess and samples /proc/PID/status RssAnon every ~2
 The inputs are the first N rows of the lognormal benchmark dataset; the sizes are at least 4x
 apart, and out of core the peak should not grow with the input.
 
-    python scripts/bench_memory.py                        # 50k and 200k samples
-    python scripts/bench_memory.py --sizes 250000 1000000 --budget 512MiB
+    python scripts/bench_memory.py                        # 250k and 1M samples
+    python scripts/bench_memory.py --sizes 50000 200000 --budget 512MiB
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def run(cmd: list[str]) -> tuple[float, int, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs=2, default=[50_000, 200_000])
+    parser.add_argument("--sizes", type=int, nargs=2, default=[250_000, 1_000_000])
     parser.add_argument("--budget", default="256MiB", help="--memory-budget out of core")
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--runs", type=int, default=1)

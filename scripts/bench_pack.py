@@ -92,7 +92,7 @@ import sys, time
 from packer.readers import read_samples
 t0 = time.perf_counter()
 s = read_samples([sys.argv[1]])
-print(s.num_samples, time.perf_counter() - t0)
+print(s.num_samples, time.perf_counter() - t0, s.num_tokens)
 """
 
 
@@ -157,7 +157,7 @@ def main() -> None:
             drop(work / "packed")
             dt, out = timed([PY, "-c", PACKER_IN_MEMORY, str(data), L, policy])
             info = json.loads(out)
-            results.setdefault("packer plan + gather, in memory (shard buffers)", []).append(
+            results.setdefault("packer plan + gather, in memory (batch buffers)", []).append(
                 info["seconds"])
             results.setdefault("packer gather of every row into fresh memory", []).append(
                 info["all_rows"])
@@ -195,6 +195,7 @@ def main() -> None:
             _, out = timed([PY, "-c", JSONL_PACKER, str(jsonl)])
             results.setdefault("JSONL: packer reader (parse + validate)", []).append(
                 float(out.split()[1]))
+            extra["jsonl_tokens"] = int(out.split()[2])
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -215,14 +216,17 @@ def main() -> None:
     if "TRL from_parquet + pack_dataset + save_to_disk" in med:
         e2e = med["TRL from_parquet + pack_dataset + save_to_disk"] / med["packer pack (end to end)"]
         mem = (med["TRL pack_dataset call, in memory"]
-               / med["packer plan + gather, in memory (shard buffers)"])
+               / med["packer plan + gather, in memory (batch buffers)"])
         print(f"packer vs TRL end to end: {e2e:.1f}x faster; in memory: {mem:.1f}x faster")
         print(f"rows: packer {report.get('rows'):,}, TRL {extra['trl_rows']:,}, lower bound "
               f"{report.get('lower_bound'):,}")
     print(f"packer / copy limit: {med['packer pack (end to end)'] / copy:.2f}x")
     jp = med["JSONL: pyarrow.json.read_json (threads)"]
     jk = med["JSONL: packer reader (parse + validate)"]
-    print(f"JSONL: packer reader {jk:.2f} s vs pyarrow {jp:.2f} s ({jp / jk:.2f}x)")
+    tok = extra["jsonl_tokens"]
+    print(f"JSONL ({args.jsonl_samples:,} samples, {tok:,} tokens): packer reader {jk:.2f} s "
+          f"({tok / jk / 1e6:.1f}M tokens/s) vs pyarrow {jp:.2f} s ({tok / jp / 1e6:.1f}M "
+          f"tokens/s): {jp / jk:.2f}x")
 
 
 if __name__ == "__main__":
