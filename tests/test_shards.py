@@ -59,3 +59,30 @@ def test_shards_of_several_record_batches(tmp_path, monkeypatch, cli):
     first = datasets.Dataset.from_file(str(tmp_path / "w1" / outs[1].shards[0]["file"]))
     assert first.num_rows == outs[1].shards[0]["rows"]
     assert cli("verify", str(tmp_path / "w1"), "--input", str(src)).exit_code == 0
+
+
+def test_each_shard_is_flushed_and_released(tmp_path, monkeypatch):
+    """Every shard is fsynced and dropped from the page cache before the output is committed."""
+    import os
+
+    import packer.output
+
+    events = []
+    real_commit = packer.output.commit
+
+    def fadvise(fd, offset, length, advice):
+        events.append(("drop", os.readlink(f"/proc/self/fd/{fd}"), advice))
+
+    def commit(tmp, out, overwrite=True):
+        events.append(("commit", str(tmp), None))
+        real_commit(tmp, out, overwrite)
+
+    monkeypatch.setattr(os, "posix_fadvise", fadvise)
+    monkeypatch.setattr(packer.output, "commit", commit)
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=4, median=40))
+    result = packer.pack([src], tmp_path / "out", packer.PackConfig(max_len=128, overlength="split",
+                                                                        shard_rows=9))
+    drops = [e for e in events if e[0] == "drop"]
+    assert [os.path.basename(p) for _, p, _ in drops] == [s["file"] for s in result.shards]
+    assert all(advice == os.POSIX_FADV_DONTNEED for *_, advice in drops)
+    assert events[-1][0] == "commit" and len(events) == len(result.shards) + 1
