@@ -177,6 +177,34 @@ def _tree_size(max_len):  # pragma: no cover - compiled
     return size
 
 
+@njit(cache=True, nogil=True)
+def _new_group(groups, events, ng, ne, head, tree, size, first, nrows, took, before, cap):
+    """A new group: nrows rows from `first`, which held `before` samples, take `took` more.
+
+    Its capacity becomes `cap`; the event records the placement for the order pass.
+    """
+    groups = _push_row(groups, ng, first, nrows, before + took, cap, -1)
+    events = _push_row(events, ne, first, nrows, took, before, 0)
+    _bucket_push(groups, head, tree, size, ng)
+    return groups, events, ng + 1, ne + 1
+
+
+@njit(cache=True, nogil=True)
+def _open_rows(groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len):
+    """Nothing open fits length s: c samples fill new rows of L // s each, the last the rest."""
+    k = max_len // s
+    q, r = c // k, c % k
+    if q:
+        groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size, num_rows,
+                                            q, k, 0, max_len - k * s)
+        num_rows += q
+    if r:
+        groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size, num_rows,
+                                            1, r, 0, max_len - r * s)
+        num_rows += 1
+    return groups, events, ng, ne, num_rows
+
+
 # --------------------------------------------------------------------------------------------
 # Decreasing strategies on groups of rows
 
@@ -205,22 +233,8 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
         while c > 0:
             cap = _tree_first_at_least(tree, size, s)
             if cap < 0:  # nothing fits: open rows holding L // s each
-                k = max_len // s
-                q, r = c // k, c % k
-                if q:
-                    groups = _push_row(groups, ng, num_rows, q, k, max_len - k * s, -1)
-                    events = _push_row(events, ne, num_rows, q, k, 0, 0)
-                    _bucket_push(groups, head, tree, size, ng)
-                    ng += 1
-                    ne += 1
-                    num_rows += q
-                if r:
-                    groups = _push_row(groups, ng, num_rows, 1, r, max_len - r * s, -1)
-                    events = _push_row(events, ne, num_rows, 1, r, 0, 0)
-                    _bucket_push(groups, head, tree, size, ng)
-                    ng += 1
-                    ne += 1
-                    num_rows += 1
+                groups, events, ng, ne, num_rows = _open_rows(
+                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len)
                 break
             k = cap // s
             g = _bucket_pop(groups, head, tree, size, cap)
@@ -235,17 +249,11 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 continue
             q, r = c // k, c % k  # the run ends inside this group: split it
             if q:
-                groups = _push_row(groups, ng, first, q, items + k, cap - k * s, -1)
-                events = _push_row(events, ne, first, q, k, items, 0)
-                _bucket_push(groups, head, tree, size, ng)
-                ng += 1
-                ne += 1
+                groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size,
+                                                    first, q, k, items, cap - k * s)
             if r:
-                groups = _push_row(groups, ng, first + q, 1, items + r, cap - r * s, -1)
-                events = _push_row(events, ne, first + q, 1, r, items, 0)
-                _bucket_push(groups, head, tree, size, ng)
-                ng += 1
-                ne += 1
+                groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size,
+                                                    first + q, 1, r, items, cap - r * s)
             used = q + (1 if r else 0)
             groups[g, G_FIRST] = first + used
             groups[g, G_ROWS] = nrows - used
@@ -279,23 +287,9 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
         ev_start[s] = ne
         while c > 0:
             cap = _tree_last(tree, size)
-            if cap < s:
-                k = max_len // s
-                q, r = c // k, c % k
-                if q:
-                    groups = _push_row(groups, ng, num_rows, q, k, max_len - k * s, -1)
-                    events = _push_row(events, ne, num_rows, q, k, 0, 0)
-                    _bucket_push(groups, head, tree, size, ng)
-                    ng += 1
-                    ne += 1
-                    num_rows += q
-                if r:
-                    groups = _push_row(groups, ng, num_rows, 1, r, max_len - r * s, -1)
-                    events = _push_row(events, ne, num_rows, 1, r, 0, 0)
-                    _bucket_push(groups, head, tree, size, ng)
-                    ng += 1
-                    ne += 1
-                    num_rows += 1
+            if cap < s:  # nothing fits: open rows holding L // s each
+                groups, events, ng, ne, num_rows = _open_rows(
+                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len)
                 break
             g = _bucket_pop(groups, head, tree, size, cap)
             # the next emptiest group: `g` takes rounds while it stays at least as empty
@@ -312,11 +306,8 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 continue
             q, r = c // nrows, c % nrows  # q full rounds, then r rows get one more
             if r:
-                groups = _push_row(groups, ng, first, r, items + q + 1, cap - (q + 1) * s, -1)
-                events = _push_row(events, ne, first, r, q + 1, items, 0)
-                _bucket_push(groups, head, tree, size, ng)
-                ng += 1
-                ne += 1
+                groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size,
+                                                    first, r, q + 1, items, cap - (q + 1) * s)
             groups[g, G_FIRST] = first + r
             groups[g, G_ROWS] = nrows - r
             if q:
