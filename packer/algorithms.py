@@ -178,7 +178,21 @@ def _tree_size(max_len):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _new_group(groups, events, ng, ne, head, tree, size, first, nrows, took, before, cap):
+def _bucket_tables(max_len):  # pragma: no cover - compiled
+    """Empty state of a bucketed decreasing pass: presence tree, bucket heads, groups, events."""
+    size = _tree_size(max_len)
+    tree = np.zeros(2 * size, np.uint8)
+    head = np.full(max_len + 1, -1, np.int64)
+    groups = np.empty((64, 5), np.int64)
+    events = np.empty((64, 4), np.int64)
+    ev_start = np.zeros(max_len + 1, np.int64)
+    ev_end = np.zeros(max_len + 1, np.int64)
+    return size, tree, head, groups, events, ev_start, ev_end
+
+
+@njit(cache=True, nogil=True)
+def _new_group(groups, events, ng, ne, head, tree, size, first, nrows, took, before,
+               cap):  # pragma: no cover - compiled
     """A new group: nrows rows from `first`, which held `before` samples, take `took` more.
 
     Its capacity becomes `cap`; the event records the placement for the order pass.
@@ -190,7 +204,8 @@ def _new_group(groups, events, ng, ne, head, tree, size, first, nrows, took, bef
 
 
 @njit(cache=True, nogil=True)
-def _open_rows(groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len):
+def _open_rows(groups, events, ng, ne, head, tree, size, num_rows, c, s,
+               max_len):  # pragma: no cover - compiled
     """Nothing open fits length s: c samples fill new rows of L // s each, the last the rest."""
     k = max_len // s
     q, r = c // k, c % k
@@ -217,13 +232,7 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
     has room for another s (nothing lies between s and cap), so it takes cap // s of them; a
     whole group does the same. Returns (groups, n_groups, events, ev_start, ev_end, num_rows).
     """
-    size = _tree_size(max_len)
-    tree = np.zeros(2 * size, np.uint8)
-    head = np.full(max_len + 1, -1, np.int64)
-    groups = np.empty((64, 5), np.int64)
-    events = np.empty((64, 4), np.int64)
-    ev_start = np.zeros(max_len + 1, np.int64)
-    ev_end = np.zeros(max_len + 1, np.int64)
+    size, tree, head, groups, events, ev_start, ev_end = _bucket_tables(max_len)
     ng = 0
     ne = 0
     num_rows = 0
@@ -272,13 +281,7 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
     empty as the next group and still fit s; new rows are filled with L // s samples each (the
     one-at-a-time rule would do the same). Same return value as `best_fit_groups`.
     """
-    size = _tree_size(max_len)
-    tree = np.zeros(2 * size, np.uint8)
-    head = np.full(max_len + 1, -1, np.int64)
-    groups = np.empty((64, 5), np.int64)
-    events = np.empty((64, 4), np.int64)
-    ev_start = np.zeros(max_len + 1, np.int64)
-    ev_end = np.zeros(max_len + 1, np.int64)
+    size, tree, head, groups, events, ev_start, ev_end = _bucket_tables(max_len)
     ng = 0
     ne = 0
     num_rows = 0

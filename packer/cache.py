@@ -33,6 +33,7 @@ from packer.readers import (
     _json_schema,
     _list_of_int,
     assemble_offsets,
+    check_schema,
     detect_format,
     expand_inputs,
     new_source,
@@ -293,13 +294,7 @@ def stream_samples(
                 src = _stream_file(path, fmt, iter([READERS[fmt](path, columns)]), columns,
                                    first, input_column, labels_column, on_error, rejects, out,
                                    len_parts, index_parts)
-            if sources and src.has_labels != sources[0].has_labels:
-                with_, without = (src, sources[0]) if src.has_labels else (sources[0], src)
-                raise InputError(
-                    f"mixed schemas: {with_.path} has a '{labels_column}' column and "
-                    f"{without.path} does not")
-            if require_labels and not src.has_labels:
-                raise InputError(f"no '{labels_column}' column", where=str(path))
+            check_schema(src, sources, labels_column, require_labels)
             sources.append(src)
             first += src.num_samples
             if progress:

@@ -635,13 +635,7 @@ def read_samples(
     for path in paths:
         src, ids, lengths, labels, kept = read_file(
             path, input_column, labels_column, first, on_error, rejects, chunked)
-        if sources and src.has_labels != sources[0].has_labels:
-            with_, without = (src, sources[0]) if src.has_labels else (sources[0], src)
-            raise InputError(
-                f"mixed schemas: {with_.path} has a '{labels_column}' column and "
-                f"{without.path} does not")
-        if require_labels and not src.has_labels:
-            raise InputError(f"no '{labels_column}' column", where=str(path))
+        check_schema(src, sources, labels_column, require_labels)
         sources.append(src)
         ids_parts.append(ids)
         len_parts.append(lengths)
@@ -660,6 +654,18 @@ def read_samples(
         labels = np.concatenate(lab_parts) if len(lab_parts) > 1 else lab_parts[0]
     return Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index,
                    rejects=rejects)
+
+
+def check_schema(src: SourceFile, sources: list[SourceFile], labels_column: str | None,
+                 require_labels: bool) -> None:
+    """Every file must agree with the first on having labels (and have them when required)."""
+    if sources and src.has_labels != sources[0].has_labels:
+        with_, without = (src, sources[0]) if src.has_labels else (sources[0], src)
+        raise InputError(
+            f"mixed schemas: {with_.path} has a '{labels_column}' column and "
+            f"{without.path} does not")
+    if require_labels and not src.has_labels:
+        raise InputError(f"no '{labels_column}' column", where=str(src.path))
 
 
 def _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> Samples:

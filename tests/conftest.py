@@ -89,3 +89,14 @@ def read_shards(out_dir: Path) -> pa.Table:
         with pa.memory_map(str(out_dir / shard["file"])) as src:
             tables.append(pa.ipc.open_stream(src).read_all())
     return pa.concat_tables(tables)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Torch's CPU threads spin against each other on a loaded 2-core machine (40x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

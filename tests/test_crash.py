@@ -42,11 +42,17 @@ def big_input(tmp_path_factory) -> Path:
     return path
 
 
+def _default_sigint() -> None:
+    # a shell starts background jobs with SIGINT ignored, and Python keeps it ignored; the
+    # packer under test must see Ctrl-C as a user at a terminal would
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(inputs: Path, out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "packer.cli", "pack", str(inputs), "-o", str(out),
          "--max-len", MAX_LEN, "--shard-rows", SHARD_ROWS, "--json", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
 
 
 def run(inputs: Path, out: Path, *extra: str) -> dict:

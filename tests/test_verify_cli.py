@@ -20,15 +20,7 @@ from packer.writer import SCHEMA
 MAX_LEN = 128
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Torch's CPU threads spin against each other on a loaded 2-core machine (40x slower)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
