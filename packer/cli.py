@@ -19,6 +19,7 @@ from packer.errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
+    EXIT_USAGE,
     PackerError,
     Terminated,
 )
@@ -170,9 +171,35 @@ from packer import (  # noqa: E402  (commands register themselves on `app`)
     cli_verify,  # noqa: E402,F401  (registers `packer verify`)
 )
 
+
+
+def run() -> None:
+    """The `packer` command: a usage error is one `error:` line and exit code 2, like the rest.
+
+    (Typer would draw a box around it; scripts that read stderr get the same shape for every
+    failure this way.)
+    """
+    try:  # typer vendors click from 0.2x on, and its exceptions with it
+        from typer import TyperException as ClickError
+    except ImportError:
+        from click import ClickException as ClickError
+
+    try:
+        code = app(standalone_mode=False)
+    except ClickError as exc:
+        message = exc.format_message()
+        ctx = getattr(exc, "ctx", None)
+        if exc.exit_code == EXIT_USAGE:
+            message += f" (see '{ctx.command_path if ctx is not None else 'packer'} --help')"
+        code = fail(message, exc.exit_code).exit_code
+    except typer.Abort:
+        code = fail("interrupted; no partial output was left", EXIT_INTERRUPTED).exit_code
+    sys.exit(code or 0)
+
+
 if __name__ == "__main__":
     # `python -m packer.cli` runs this file as __main__, a second copy of the module: the
     # commands registered themselves on the app of `packer.cli`, so run that one
-    from packer.cli import app as registered
+    from packer.cli import run as registered
 
     registered()

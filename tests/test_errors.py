@@ -208,11 +208,26 @@ def test_debug_shows_the_exception(runner, tmp_path):
     assert result.exception.where == f"{path}: line 3"
 
 
-def test_unknown_flag_is_a_usage_error(cli, tmp_path):
+@pytest.mark.parametrize("args, message", [
+    (["pack", "{path}", "-o", "{out}", "-L", "8", "--frobnicate"],
+     "error: No such option: --frobnicate (see 'python -m packer pack --help')"),
+    (["pack", "-o", "{out}"], "error: Missing argument 'INPUT...'. (see 'python -m packer pack "
+     "--help')"),
+    (["pack", "{path}", "-o", "{out}", "-L", "eight"], "error: Invalid value for '--max-len'"),
+    (["frobnicate"], "error: No such command 'frobnicate'. (see 'python -m packer --help')"),
+], ids=["unknown-flag", "missing-input", "not-an-integer", "unknown-command"])
+def test_command_line_mistakes_are_one_line(tmp_path, args, message):
+    """The installed command (not typer's test runner): one `error:` line, exit code 2."""
+    import subprocess
+    import sys
+
     path = good_then(tmp_path / "a.jsonl")
-    result = cli("pack", path, "-o", tmp_path / "o", "-L", "8", "--frobnicate")
-    assert result.exit_code == 2
-    assert "No such option" in result.output and "Traceback" not in result.output
+    argv = [a.format(path=path, out=tmp_path / "o") for a in args]
+    proc = subprocess.run([sys.executable, "-m", "packer", *argv], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(message), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
     assert not (tmp_path / "o").exists()
 
 

@@ -1,0 +1,5 @@
+"""`python -m packer`: the same as the `packer` command."""
+
+from packer.cli import run
+
+run()
