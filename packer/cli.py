@@ -172,7 +172,6 @@ from packer import (  # noqa: E402  (commands register themselves on `app`)
 )
 
 
-
 def run() -> None:
     """The `packer` command: a usage error is one `error:` line and exit code 2, like the rest.
 
