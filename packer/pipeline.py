@@ -182,6 +182,9 @@ def _pack_samples(samples: Samples, out: Path, cfg: PackConfig, overwrite: bool,
     if samples.index is not None:  # --on-error skip left samples out: keep input numbering
         segs.sample = samples.index[segs.sample]
     pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
+    global_rows = None
+    if cfg.window is not None:  # what windowing costs against one global plan
+        global_rows = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows
     timings["plan"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -195,6 +198,9 @@ def _pack_samples(samples: Samples, out: Path, cfg: PackConfig, overwrite: bool,
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens)
+        if global_rows is not None:
+            stats["global_rows"] = global_rows
+            stats["window_cost"] = round(pl.num_rows / global_rows - 1, 6) if global_rows else 0.0
         rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
         manifest = build_manifest(cfg, samples, stats, shards, rejects)
         # The manifest is written last: a directory with shards but no manifest is never complete.

@@ -30,6 +30,11 @@ def pack_table(report: dict, max_len: int) -> Table:
         (f"rows (L = {max_len:,})", f"{report['rows']:,}"),
         ("lower bound ⌈tokens / L⌉", f"{report['lower_bound']:,}"),
         ("rows / lower bound", f"{report['rows_over_lower_bound']:.5f}"),
+        *(
+            (("rows of one global plan", f"{report['global_rows']:,}"),
+             ("window cost", f"{100 * report['window_cost']:+.3f} %"))
+            if "global_rows" in report else ()
+        ),
         ("efficiency", f"{100 * report['efficiency']:.3f} %"),
         ("shards", f"{report['shards']:,}"),
         ("seconds", f"{report['seconds']:.2f}"),

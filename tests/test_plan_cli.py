@@ -68,11 +68,27 @@ def test_plan_bad_options_are_one_line(cli, tmp_path):
 
 
 def test_pack_accepts_every_strategy_and_window(cli, tmp_path):
-    path = write_jsonl(tmp_path / "a.jsonl", make_samples(120, max_len=256))
+    """`pack --window` reports the rows of one global plan and what the windows cost."""
+    from packer.planning import plan
+
+    samples = make_samples(120, max_len=256)
+    lengths = [len(s["input_ids"]) for s in samples]
+    path = write_jsonl(tmp_path / "a.jsonl", samples)
     for strategy in STRATEGIES:
         out = tmp_path / f"out-{strategy}"
         result = cli(
             "pack", path, "-L", 256, "--strategy", strategy, "--window", 40, "-o", out, "--json"
         )
         assert result.exit_code == 0, result.stderr
-        assert json.loads(result.stdout)["samples_packed"] == 120
+        report = json.loads(result.stdout)
+        assert report["samples_packed"] == 120
+        assert report["rows"] == plan(lengths, 256, strategy, window=40).num_rows
+        assert report["global_rows"] == plan(lengths, 256, strategy).num_rows
+        assert report["window_cost"] == round(report["rows"] / report["global_rows"] - 1, 6)
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["stats"]["window_cost"] == report["window_cost"]
+    table = cli("pack", path, "-L", 256, "--strategy", "nf", "--window", 40, "-o",
+                tmp_path / "table")
+    assert "rows of one global plan" in table.stderr and "window cost" in table.stderr
+    plain = cli("pack", path, "-L", 256, "-o", tmp_path / "plain", "--json")
+    assert "global_rows" not in json.loads(plain.stdout)
