@@ -46,25 +46,6 @@ def first_bad_length(lengths, max_len):  # pragma: no cover - compiled
     return -1
 
 
-@njit(cache=True)
-def counting_sort_desc(lengths, max_len):  # pragma: no cover - compiled
-    """Sample indices by decreasing length, ties by increasing index: O(N + L), stable."""
-    counts = np.zeros(max_len + 2, np.int64)
-    for i in range(lengths.size):
-        counts[lengths[i]] += 1
-    starts = np.zeros(max_len + 2, np.int64)
-    acc = 0
-    for length in range(max_len, -1, -1):
-        starts[length] = acc
-        acc += counts[length]
-    order = np.empty(lengths.size, np.int64)
-    for i in range(lengths.size):
-        length = lengths[i]
-        order[starts[length]] = i
-        starts[length] += 1
-    return order
-
-
 # --------------------------------------------------------------------------------------------
 # Presence tree over capacities 0..L (a bit per capacity that has at least one group)
 

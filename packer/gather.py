@@ -1,7 +1,7 @@
 """Gather: copy planned segments into packed row buffers in one pass over the tokens.
 
 The kernel writes into caller-owned buffers so a run can reuse them across record batches and
-shards (writing into fresh memory is several times slower than into warm memory, see DESIGN.md).
+shards: writing into fresh memory is several times slower than into warm memory.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import glob
 import hashlib
-import io
 import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -106,12 +105,6 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
         seen.add(key)
         unique.append(f)
     return unique
-
-
-def open_text(path: Path) -> io.TextIOBase:
-    """A text stream over a JSONL file, decompressing .gz and .zst transparently."""
-    _, compression = detect_format(path)
-    return io.TextIOWrapper(pa.input_stream(str(path), compression=compression), encoding="utf-8")
 
 
 def fingerprint(path: Path) -> str:
@@ -325,12 +318,6 @@ def _short(value) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
-
-
-def jsonl_line_problem(line: str, columns: list[str]) -> str | None:
-    """What is wrong with one JSONL line for the given list-of-int columns, or None."""
-    problem = _line_problem(line, columns)
-    return problem[1] if problem else None
 
 
 def _list_of_int(type_: pa.DataType) -> bool:

@@ -57,14 +57,6 @@ class SourceFile:
         return f"{self.path}: {kind} {n}"
 
 
-def line_of_row(path: Path, row: int) -> int:
-    """1-based line of the `row`-th non-blank line of a (possibly compressed) JSONL file."""
-    from packer.readers import jsonl_line_numbers
-
-    lines = jsonl_line_numbers(path)
-    return int(lines[row]) if 0 <= row < len(lines) else -1
-
-
 @dataclass
 class Rejects:
     """Samples left out by `--on-error skip`: one record per sample plus counts per reason."""

@@ -57,15 +57,18 @@ def default_workers() -> int:
     return workers_mod.current()
 
 
-def allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
-    """Buffers for the largest of the (.., first row, end row) ranges in `bounds`."""
+def allocation(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> tuple[int, int, int]:
+    """(tokens, rows, segments) of the largest of the (.., first row, end row) ranges."""
     sizes = [shard_sizes(pl.order, pl.row_starts, segs.length, a, b, cfg.max_len, cfg.pad)
              for *_, a, b in bounds]
-    return Buffers.allocate(
-        max_tokens=max((t for t, _ in sizes), default=0),
-        max_rows=max((b - a for *_, a, b in bounds), default=0),
-        max_segments=max((s for _, s in sizes), default=0),
-    )
+    return (max((t for t, _ in sizes), default=0),
+            max((b - a for *_, a, b in bounds), default=0),
+            max((s for _, s in sizes), default=0))
+
+
+def allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
+    """Buffers for the largest of the (.., first row, end row) ranges in `bounds`."""
+    return Buffers.allocate(*allocation(pl, segs, cfg, bounds))
 
 
 def gather_batch(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int,
@@ -108,6 +111,7 @@ def gather_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig) -> B
 
 
 def open_shard(path: Path, algorithm: str) -> ShardWriter:
+    """A new shard file (a seam for fault-injection tests)."""
     return ShardWriter(path, algorithm)
 
 
@@ -119,25 +123,36 @@ def write_shards(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, ou
     width = max(5, len(str(num_shards)))
     workers = workers or default_workers()
     n_buffers = 2 if workers > 1 and len(bounds) > 1 else 1
-    buffers = [allocate(pl, segs, cfg, bounds) for _ in range(n_buffers)]
+    sizes = allocation(pl, segs, cfg, bounds)
+    buffers = [Buffers.allocate(*sizes) for _ in range(n_buffers)]
     entries: list[dict] = []
     syncs: list[Future] = []
-    state: dict = {"shard": -1, "writer": None}  # touched by the writer thread only
-    pending: list[Future | None] = [None] * n_buffers
+    # touched by the writer thread only; after a failure, batches still queued do nothing
+    state: dict = {"shard": -1, "writer": None, "failed": False}
+    pending: list[tuple[Future, int] | None] = [None] * n_buffers
     done_rows = [0]
 
     def write(k: int, buf: Buffers, rows: int, tokens: int, cu_entries: int) -> None:
-        shard, _, _ = bounds[k]
-        if state["shard"] != shard:
-            name = f"shard-{shard:0{width}d}.arrow"
-            state["shard"], state["writer"] = shard, open_shard(out_dir / name, cfg.hash)
-        writer = state["writer"]
-        writer.add(shard_batch(buf, rows, tokens, cu_entries), tokens,
-                   int(buf.sample_row_offsets[rows]), int(buf.loss[:rows].sum()))
-        if k + 1 == len(bounds) or bounds[k + 1][0] != shard:
-            state["writer"] = None
-            entries.append(writer.close())
-            syncs.append(syncer.submit(fsync_file, writer.path, drop_cache=True))
+        if state["failed"]:
+            return
+        try:
+            shard, _, _ = bounds[k]
+            if state["shard"] != shard:
+                name = f"shard-{shard:0{width}d}.arrow"
+                state["shard"], state["writer"] = shard, open_shard(out_dir / name, cfg.hash)
+            writer = state["writer"]
+            writer.add(shard_batch(buf, rows, tokens, cu_entries), tokens,
+                       int(buf.sample_row_offsets[rows]), int(buf.loss[:rows].sum()))
+            if k + 1 == len(bounds) or bounds[k + 1][0] != shard:
+                state["writer"] = None
+                entries.append(writer.close())
+                syncs.append(syncer.submit(fsync_file, writer.path, drop_cache=True))
+        except BaseException:
+            state["failed"] = True
+            if state["writer"] is not None:
+                state["writer"].abort()
+                state["writer"] = None
+            raise
 
     def finish(future: Future, rows: int) -> None:
         future.result()
@@ -165,11 +180,11 @@ def write_shards(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, ou
                     pending[k % n_buffers] = None
             for future in syncs:
                 future.result()
-        finally:
-            for item in pending:
-                if item is not None:
-                    item[0].cancel()
+        except BaseException:
+            state["failed"] = True  # queued writes return at once
             pool.shutdown(wait=True)
-            if state["writer"] is not None:  # a failure left a shard open
+            syncer.shutdown(wait=True, cancel_futures=True)  # the directory is discarded anyway
+            if state["writer"] is not None:
                 state["writer"].abort()
+            raise
     return entries

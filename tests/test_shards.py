@@ -13,7 +13,7 @@ def test_workers_do_not_change_the_output(tmp_path):
     one = packer.pack([src], tmp_path / "w1", cfg, workers=1)
     two = packer.pack([src], tmp_path / "w2", cfg, workers=2)
     assert len(one.shards) > 5
-    assert one.shards == two.shards  # names, counts and sha256 of every shard, in order
+    assert one.shards == two.shards  # names, counts and hashes of every shard, in order
     for shard in one.shards:
         assert (tmp_path / "w1" / shard["file"]).read_bytes() == (
             tmp_path / "w2" / shard["file"]).read_bytes()
@@ -86,3 +86,45 @@ def test_each_shard_is_flushed_and_released(tmp_path, monkeypatch):
     assert [os.path.basename(p) for _, p, _ in drops] == [s["file"] for s in result.shards]
     assert all(advice == os.POSIX_FADV_DONTNEED for *_, advice in drops)
     assert events[-1][0] == "commit" and len(events) == len(result.shards) + 1
+
+
+def test_failed_write_stops_the_queue_and_closes_the_shard(tmp_path, monkeypatch):
+    """A write failing on the last batch of a shard, with the next shard's batch already queued:
+    no later shard is opened, every file is closed, and nothing is left behind."""
+    import errno
+    import gc
+    import warnings
+
+    import pytest
+
+    import packer.shards
+    from packer.errors import OutputError
+    from packer.writer import ShardWriter
+
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=5, median=40))
+    monkeypatch.setattr(packer.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
+    opened, adds = [], []
+    real_open, real_add = packer.shards.open_shard, ShardWriter.add
+
+    def open_shard(path, algorithm):
+        opened.append(path.name)
+        return real_open(path, algorithm)
+
+    def add(self, *args):
+        adds.append(self.path.name)
+        if len(adds) == 2:  # the second and last batch of shard 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_add(self, *args)
+
+    monkeypatch.setattr(packer.shards, "open_shard", open_shard)
+    monkeypatch.setattr(ShardWriter, "add", add)
+    cfg = packer.PackConfig(max_len=128, overlength="split", shard_rows=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(OutputError, match="No space left on device"):
+            packer.pack([src], tmp_path / "out", cfg, workers=2)
+        gc.collect()
+    assert opened == ["shard-00000.arrow"] and adds == ["shard-00000.arrow"] * 2
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["d.jsonl"]
