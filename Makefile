@@ -24,6 +24,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check packer tests scripts
+	$(BIN)/ruff format --check packer tests scripts
 
 format: setup
 	$(BIN)/ruff format packer tests scripts

@@ -8,6 +8,13 @@ from packer.planning import Plan, lower_bound, plan  # noqa: E402
 from packer.readers import read_samples  # noqa: E402
 
 __all__ = [
-    "PackConfig", "PackResult", "Plan", "__version__", "lower_bound", "pack", "plan",
-    "read_manifest", "read_samples",
+    "PackConfig",
+    "PackResult",
+    "Plan",
+    "__version__",
+    "lower_bound",
+    "pack",
+    "plan",
+    "read_manifest",
+    "read_samples",
 ]

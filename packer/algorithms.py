@@ -172,8 +172,9 @@ def _bucket_tables(max_len):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def _new_group(groups, events, ng, ne, head, tree, size, first, nrows, took, before,
-               cap):  # pragma: no cover - compiled
+def _new_group(
+    groups, events, ng, ne, head, tree, size, first, nrows, took, before, cap
+):  # pragma: no cover - compiled
     """A new group: nrows rows from `first`, which held `before` samples, take `took` more.
 
     Its capacity becomes `cap`; the event records the placement for the order pass.
@@ -185,18 +186,21 @@ def _new_group(groups, events, ng, ne, head, tree, size, first, nrows, took, bef
 
 
 @njit(cache=True, nogil=True)
-def _open_rows(groups, events, ng, ne, head, tree, size, num_rows, c, s,
-               max_len):  # pragma: no cover - compiled
+def _open_rows(
+    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len
+):  # pragma: no cover - compiled
     """Nothing open fits length s: c samples fill new rows of L // s each, the last the rest."""
     k = max_len // s
     q, r = c // k, c % k
     if q:
-        groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size, num_rows,
-                                            q, k, 0, max_len - k * s)
+        groups, events, ng, ne = _new_group(
+            groups, events, ng, ne, head, tree, size, num_rows, q, k, 0, max_len - k * s
+        )
         num_rows += q
     if r:
-        groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size, num_rows,
-                                            1, r, 0, max_len - r * s)
+        groups, events, ng, ne = _new_group(
+            groups, events, ng, ne, head, tree, size, num_rows, 1, r, 0, max_len - r * s
+        )
         num_rows += 1
     return groups, events, ng, ne, num_rows
 
@@ -224,7 +228,8 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
             cap = _tree_first_at_least(tree, size, s)
             if cap < 0:  # nothing fits: open rows holding L // s each
                 groups, events, ng, ne, num_rows = _open_rows(
-                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len)
+                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len
+                )
                 break
             k = cap // s
             g = _bucket_pop(groups, head, tree, size, cap)
@@ -239,11 +244,13 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 continue
             q, r = c // k, c % k  # the run ends inside this group: split it
             if q:
-                groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size,
-                                                    first, q, k, items, cap - k * s)
+                groups, events, ng, ne = _new_group(
+                    groups, events, ng, ne, head, tree, size, first, q, k, items, cap - k * s
+                )
             if r:
-                groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size,
-                                                    first + q, 1, r, items, cap - r * s)
+                groups, events, ng, ne = _new_group(
+                    groups, events, ng, ne, head, tree, size, first + q, 1, r, items, cap - r * s
+                )
             used = q + (1 if r else 0)
             groups[g, G_FIRST] = first + used
             groups[g, G_ROWS] = nrows - used
@@ -273,7 +280,8 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
             cap = _tree_last(tree, size)
             if cap < s:  # nothing fits: open rows holding L // s each
                 groups, events, ng, ne, num_rows = _open_rows(
-                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len)
+                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len
+                )
                 break
             g = _bucket_pop(groups, head, tree, size, cap)
             # the next emptiest group: `g` takes rounds while it stays at least as empty
@@ -290,8 +298,20 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 continue
             q, r = c // nrows, c % nrows  # q full rounds, then r rows get one more
             if r:
-                groups, events, ng, ne = _new_group(groups, events, ng, ne, head, tree, size,
-                                                    first, r, q + 1, items, cap - (q + 1) * s)
+                groups, events, ng, ne = _new_group(
+                    groups,
+                    events,
+                    ng,
+                    ne,
+                    head,
+                    tree,
+                    size,
+                    first,
+                    r,
+                    q + 1,
+                    items,
+                    cap - (q + 1) * s,
+                )
             groups[g, G_FIRST] = first + r
             groups[g, G_ROWS] = nrows - r
             if q:

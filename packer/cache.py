@@ -41,9 +41,22 @@ from packer.readers import (
 )
 from packer.samples import Rejects, Samples
 
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
-          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40, "tb": 10**12,
-          "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 10**9,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 10**12,
+    "tib": 1 << 40,
+}
 BATCH_BYTES = 32 << 20  # decoded bytes per streamed batch (at most; a Parquet row group bounds it)
 
 
@@ -123,23 +136,28 @@ def _batch_rows(bytes_per_row: float, batch_bytes: int) -> int:
     return int(max(1, min(1 << 20, batch_bytes // max(bytes_per_row, 1.0))))
 
 
-def _parquet_batches(path: Path, columns: list[str],
-                     batch_bytes: int = BATCH_BYTES) -> Iterator[RawTable]:
+def _parquet_batches(
+    path: Path, columns: list[str], batch_bytes: int = BATCH_BYTES
+) -> Iterator[RawTable]:
     try:
         pf = pq.ParquetFile(path, memory_map=True)
         schema = pf.schema_arrow
         present = [c for c in columns if c in schema.names]
         for name in present:
             if not _list_of_int(schema.field(name).type):
-                raise InputError(f"column '{name}' has type {schema.field(name).type}, expected "
-                                 "a list of integers", where=str(path))
+                raise InputError(
+                    f"column '{name}' has type {schema.field(name).type}, expected "
+                    "a list of integers",
+                    where=str(path),
+                )
         meta = pf.metadata
         if not present:
             yield RawTable(pa.table({"__rows__": pa.nulls(meta.num_rows)}))
             return
         per_row = estimate_decoded_bytes([path], present) / max(meta.num_rows, 1)
-        for batch in pf.iter_batches(batch_size=_batch_rows(per_row, batch_bytes), columns=present,
-                                     use_threads=True):
+        for batch in pf.iter_batches(
+            batch_size=_batch_rows(per_row, batch_bytes), columns=present, use_threads=True
+        ):
             yield RawTable(pa.Table.from_batches([batch]))
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"cannot read Parquet: {exc}", where=str(path)) from None
@@ -159,8 +177,11 @@ def _arrow_batches(path: Path, columns: list[str], batch_bytes: int = 0) -> Iter
         present = [c for c in columns if c in schema.names]
         for name in present:
             if not _list_of_int(schema.field(name).type):
-                raise InputError(f"column '{name}' has type {schema.field(name).type}, expected "
-                                 "a list of integers", where=str(path))
+                raise InputError(
+                    f"column '{name}' has type {schema.field(name).type}, expected "
+                    "a list of integers",
+                    where=str(path),
+                )
         for batch in batches:
             if present:
                 yield RawTable(pa.Table.from_batches([batch]).select(present))
@@ -175,10 +196,15 @@ def _jsonl_batches(path: Path, columns: list[str], batch_bytes: int = 0) -> Iter
     try:
         reader = pa_json.open_json(
             pa.input_stream(str(path), compression=compression),
-            read_options=pa_json.ReadOptions(block_size=min(_JSON_BLOCK, max(batch_bytes, 1 << 16))
-                                             if batch_bytes else _JSON_BLOCK),
-            parse_options=pa_json.ParseOptions(explicit_schema=_json_schema(columns),
-                                               unexpected_field_behavior="ignore"))
+            read_options=pa_json.ReadOptions(
+                block_size=min(_JSON_BLOCK, max(batch_bytes, 1 << 16))
+                if batch_bytes
+                else _JSON_BLOCK
+            ),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=_json_schema(columns), unexpected_field_behavior="ignore"
+            ),
+        )
         batches = list(_first_batch(reader))  # fail before yielding anything on a bad start
         for batch in batches:
             yield RawTable(pa.Table.from_batches([batch]))
@@ -277,23 +303,49 @@ def stream_samples(
     try:
         for path in paths:
             fmt, _ = detect_format(path)
-            marks = (out[0].count, out[1].count, len(len_parts), len(rejects.records)
-                     if rejects else 0, dict(rejects.counts) if rejects else None)
+            marks = (
+                out[0].count,
+                out[1].count,
+                len(len_parts),
+                len(rejects.records) if rejects else 0,
+                dict(rejects.counts) if rejects else None,
+            )
             try:
-                src = _stream_file(path, fmt, BATCH_READERS[fmt](path, columns, batch_bytes),
-                                   columns, first,
-                                   input_column, labels_column, on_error, rejects, out,
-                                   len_parts, index_parts)
+                src = _stream_file(
+                    path,
+                    fmt,
+                    BATCH_READERS[fmt](path, columns, batch_bytes),
+                    columns,
+                    first,
+                    input_column,
+                    labels_column,
+                    on_error,
+                    rejects,
+                    out,
+                    len_parts,
+                    index_parts,
+                )
             except _Restart:
                 out[0].rewind(marks[0])
                 out[1].rewind(marks[1])
-                del len_parts[marks[2]:], index_parts[marks[2]:]
+                del len_parts[marks[2] :], index_parts[marks[2] :]
                 if rejects:
-                    del rejects.records[marks[3]:]
+                    del rejects.records[marks[3] :]
                     rejects.counts = marks[4]
-                src = _stream_file(path, fmt, iter([READERS[fmt](path, columns)]), columns,
-                                   first, input_column, labels_column, on_error, rejects, out,
-                                   len_parts, index_parts)
+                src = _stream_file(
+                    path,
+                    fmt,
+                    iter([READERS[fmt](path, columns)]),
+                    columns,
+                    first,
+                    input_column,
+                    labels_column,
+                    on_error,
+                    rejects,
+                    out,
+                    len_parts,
+                    index_parts,
+                )
             check_schema(src, sources, labels_column, require_labels)
             sources.append(src)
             first += src.num_samples
@@ -303,13 +355,30 @@ def stream_samples(
         tokens = out[0].close()
         labels = out[1].close()
     offsets, index = assemble_offsets(len_parts, index_parts, first, rejects)
-    return Samples(tokens=tokens, offsets=offsets,
-                   labels=labels if sources[0].has_labels else None, sources=sources,
-                   index=index, rejects=rejects)
+    return Samples(
+        tokens=tokens,
+        offsets=offsets,
+        labels=labels if sources[0].has_labels else None,
+        sources=sources,
+        index=index,
+        rejects=rejects,
+    )
 
 
-def _stream_file(path, fmt, tables, columns, first, input_column, labels_column, on_error,
-                 rejects, out, len_parts, index_parts):
+def _stream_file(
+    path,
+    fmt,
+    tables,
+    columns,
+    first,
+    input_column,
+    labels_column,
+    on_error,
+    rejects,
+    out,
+    len_parts,
+    index_parts,
+):
     """Validate and append every batch of one file; return its `SourceFile`."""
     src = new_source(path, fmt, 0, first)
     rows = 0
@@ -323,7 +392,8 @@ def _stream_file(path, fmt, tables, columns, first, input_column, labels_column,
                 src._lines = raw.lines
             src.num_samples = rows + n  # so that error locations inside this batch resolve
             tokens, lengths, labels, kept, has = validate(
-                raw, src, rows, input_column, labels_column, on_error, rejects)
+                raw, src, rows, input_column, labels_column, on_error, rejects
+            )
             if has_labels is None:
                 has_labels = has
             elif has != has_labels:
@@ -332,8 +402,11 @@ def _stream_file(path, fmt, tables, columns, first, input_column, labels_column,
             if labels is not None:
                 out[1].add(labels)
             len_parts.append(lengths)
-            index_parts.append((first + rows, first + rows + n) if kept is None
-                               else first + rows + kept.astype(np.int64))
+            index_parts.append(
+                (first + rows, first + rows + n)
+                if kept is None
+                else first + rows + kept.astype(np.int64)
+            )
             rows += n
     except _JsonlFallback:
         raise _Restart() from None

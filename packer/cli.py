@@ -43,8 +43,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """packer: offline sample packing for LLM training."""
 
@@ -85,8 +86,9 @@ def user_errors(debug: bool):
     except Exception as exc:  # a bug: still one line, and a way to see more
         if debug:
             raise
-        raise fail(f"internal error ({type(exc).__name__}: {exc}); rerun with --debug for the "
-                   "traceback") from None
+        raise fail(
+            f"internal error ({type(exc).__name__}: {exc}); rerun with --debug for the traceback"
+        ) from None
 
 
 DEBUG = typer.Option(False, "--debug", help="Show the full traceback on errors.")
@@ -95,51 +97,94 @@ JSON = typer.Option(False, "--json", help="Print one JSON object on stdout inste
 
 @app.command()
 def pack(
-    inputs: list[str] = typer.Argument(..., metavar="INPUT...",
-        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs."),
-    output: Path = typer.Option(..., "--output", "-o", help="Output directory for shards and "
-        "manifest.json (created atomically)."),
-    max_len: Optional[int] = typer.Option(None, "--max-len", "-L",
-        help="Row length L in tokens (required here or in --config)."),
-    strategy: Optional[str] = typer.Option(None, "--strategy",
-        help="Packing strategy. [default: bfd]"),
-    overlength: Optional[str] = typer.Option(None, "--overlength",
+    inputs: list[str] = typer.Argument(
+        ...,
+        metavar="INPUT...",
+        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs.",
+    ),
+    output: Path = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        help="Output directory for shards and manifest.json (created atomically).",
+    ),
+    max_len: Optional[int] = typer.Option(
+        None, "--max-len", "-L", help="Row length L in tokens (required here or in --config)."
+    ),
+    strategy: Optional[str] = typer.Option(
+        None, "--strategy", help="Packing strategy. [default: bfd]"
+    ),
+    overlength: Optional[str] = typer.Option(
+        None,
+        "--overlength",
         help="Samples longer than L: error (stop and say so), drop, truncate, or split into "
-        "pieces of L. Every affected sample is counted. [default: error]"),
-    pad: Optional[bool] = typer.Option(None, "--pad/--no-pad",
+        "pieces of L. Every affected sample is counted. [default: error]",
+    ),
+    pad: Optional[bool] = typer.Option(
+        None,
+        "--pad/--no-pad",
         help="Pad every row to exactly L tokens (padding is one final cu_seqlens segment, "
-        "labelled -100). [default: no-pad]"),
-    pad_id: Optional[int] = typer.Option(None, "--pad-id", help="Token id used for padding. "
-        "[default: 0]"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed for strategies that use "
-        "randomness. [default: 0]"),
-    window: Optional[int] = typer.Option(None, "--window", help="Pack within consecutive "
-        "windows of W samples (bounded memory, parallel; costs some rows). [default: global]"),
-    input_column: Optional[str] = typer.Option(None, "--input-column",
-        help="Column holding the token ids. [default: input_ids]"),
-    labels_column: Optional[str] = typer.Option(None, "--labels-column",
+        "labelled -100). [default: no-pad]",
+    ),
+    pad_id: Optional[int] = typer.Option(
+        None, "--pad-id", help="Token id used for padding. [default: 0]"
+    ),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Seed for strategies that use randomness. [default: 0]"
+    ),
+    window: Optional[int] = typer.Option(
+        None,
+        "--window",
+        help="Pack within consecutive "
+        "windows of W samples (bounded memory, parallel; costs some rows). [default: global]",
+    ),
+    input_column: Optional[str] = typer.Option(
+        None, "--input-column", help="Column holding the token ids. [default: input_ids]"
+    ),
+    labels_column: Optional[str] = typer.Option(
+        None,
+        "--labels-column",
         help="Column holding labels (-100 = no loss); when absent, labels are the input ids. "
-        "[default: labels]"),
-    on_error: Optional[str] = typer.Option(None, "--on-error",
+        "[default: labels]",
+    ),
+    on_error: Optional[str] = typer.Option(
+        None,
+        "--on-error",
         help="Bad samples (malformed line, empty, bad ids, labels length...): error stops at "
         "the first and names it; skip leaves them out, counts them per reason and lists them "
-        "in rejects.jsonl in the output. [default: error]"),
-    shard_rows: Optional[int] = typer.Option(None, "--shard-rows",
-        help="Rows per output shard. [default: rows holding about 16M tokens]"),
-    hash_: Optional[str] = typer.Option(None, "--hash",
+        "in rejects.jsonl in the output. [default: error]",
+    ),
+    shard_rows: Optional[int] = typer.Option(
+        None, "--shard-rows", help="Rows per output shard. [default: rows holding about 16M tokens]"
+    ),
+    hash_: Optional[str] = typer.Option(
+        None,
+        "--hash",
         help="Content hash of each shard in the manifest: xxh3_128 (fast) or sha256. "
-        "[default: xxh3_128]"),
-    overwrite: bool = typer.Option(False, "--overwrite",
-        help="Replace an existing output (kept in place until the new one is complete)."),
-    config: Optional[Path] = typer.Option(None, "--config", "-c",
-        help="YAML preset of these options; flags given here override it."),
-    workers: Optional[int] = typer.Option(None, "--workers", min=1,
+        "[default: xxh3_128]",
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace an existing output (kept in place until the new one is complete).",
+    ),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="YAML preset of these options; flags given here override it."
+    ),
+    workers: Optional[int] = typer.Option(
+        None,
+        "--workers",
+        min=1,
         help="Cores to use for reading, validation, gather and shard writing (output is the "
-        "same for any value). [default: all available]"),
-    memory_budget: Optional[str] = typer.Option(None, "--memory-budget",
+        "same for any value). [default: all available]",
+    ),
+    memory_budget: Optional[str] = typer.Option(
+        None,
+        "--memory-budget",
         help="Cap on packer's own memory, e.g. 2GiB: larger inputs are streamed to a "
         "memory-mapped cache and packed out of core. [default: min(8GiB, half of available "
-        "memory)]"),
+        "memory)]",
+    ),
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -150,15 +195,33 @@ def pack(
     from packer.report import pack_table, progress_bars, stderr
 
     with user_errors(debug):
-        cfg = build_config(config, {
-            "max_len": max_len, "strategy": strategy, "overlength": overlength, "pad": pad,
-            "pad_id": pad_id, "seed": seed, "window": window, "input_column": input_column,
-            "labels_column": labels_column, "shard_rows": shard_rows, "on_error": on_error,
-            "hash": hash_,
-        })
+        cfg = build_config(
+            config,
+            {
+                "max_len": max_len,
+                "strategy": strategy,
+                "overlength": overlength,
+                "pad": pad,
+                "pad_id": pad_id,
+                "seed": seed,
+                "window": window,
+                "input_column": input_column,
+                "labels_column": labels_column,
+                "shard_rows": shard_rows,
+                "on_error": on_error,
+                "hash": hash_,
+            },
+        )
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
-            result = run_pack(inputs, output, cfg, overwrite=overwrite, progress=progress,
-                              workers=workers, memory_budget=memory_budget)
+            result = run_pack(
+                inputs,
+                output,
+                cfg,
+                overwrite=overwrite,
+                progress=progress,
+                workers=workers,
+                memory_budget=memory_budget,
+            )
         report = result.report()
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")

@@ -17,23 +17,43 @@ MAX_PRINTED = 10
 
 @app.command()
 def verify(
-    output: Path = typer.Argument(..., metavar="DIR", help="A packer output directory "
-        "(shards and manifest.json)."),
-    inputs: Optional[list[str]] = typer.Option(None, "--input", "-i", metavar="INPUT",
+    output: Path = typer.Argument(
+        ..., metavar="DIR", help="A packer output directory (shards and manifest.json)."
+    ),
+    inputs: Optional[list[str]] = typer.Option(
+        None,
+        "--input",
+        "-i",
+        metavar="INPUT",
         help="The packed source files (repeatable): every sample's tokens and labels must equal "
-        "the source's."),
-    backend: str = typer.Option("auto", "--backend", "-b",
+        "the source's.",
+    ),
+    backend: str = typer.Option(
+        "auto",
+        "--backend",
+        "-b",
         help="Attention backend: auto, flash-attn, torch-varlen, flex or cpu. auto takes "
-        "flash-attn, else torch varlen (GPU), else FlexAttention (GPU), else the CPU reference."),
-    rows: str = typer.Option("16", "--rows", "-n", metavar="N|all",
+        "flash-attn, else torch varlen (GPU), else FlexAttention (GPU), else the CPU reference.",
+    ),
+    rows: str = typer.Option(
+        "16",
+        "--rows",
+        "-n",
+        metavar="N|all",
         help="Rows the attention and model checks run (picked with --seed, rows with several "
-        "samples first), or 'all'. The structure checks always cover every row."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="bf16, fp16 or fp32 (default: bf16 on a "
-        "GPU backend, fp32 on the CPU)."),
+        "samples first), or 'all'. The structure checks always cover every row.",
+    ),
+    dtype: Optional[str] = typer.Option(
+        None,
+        "--dtype",
+        help="bf16, fp16 or fp32 (default: bf16 on a GPU backend, fp32 on the CPU).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed for the row pick, q/k/v and the model."),
-    model_check: bool = typer.Option(False, "--model-check",
-        help="Also compare per-sample losses of a tiny random transformers model, packed vs "
-        "alone."),
+    model_check: bool = typer.Option(
+        False,
+        "--model-check",
+        help="Also compare per-sample losses of a tiny random transformers model, packed vs alone.",
+    ),
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -46,19 +66,31 @@ def verify(
     from packer.verify.report import verify_table
 
     with user_errors(debug):
-        result = run_verify(output, inputs or None, backend=backend, rows=rows, dtype=dtype,
-                            seed=seed, model_check=model_check)
+        result = run_verify(
+            output,
+            inputs or None,
+            backend=backend,
+            rows=rows,
+            dtype=dtype,
+            seed=seed,
+            model_check=model_check,
+        )
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:
         stderr.print(verify_table(result))
         for failure in result.failures[:MAX_PRINTED]:
-            stderr.print(f"[red]✗[/] {escape(f'[{failure.check}] {failure.message}')}",
-                         highlight=False, soft_wrap=True)
+            stderr.print(
+                f"[red]✗[/] {escape(f'[{failure.check}] {failure.message}')}",
+                highlight=False,
+                soft_wrap=True,
+            )
         if result.failure_count > MAX_PRINTED:
             stderr.print(f"… and {result.failure_count - MAX_PRINTED} more (see --json)")
     if not result.ok:
         if not json_out:
-            stderr.print(f"[bold red]error:[/] verification failed: {result.failure_count} "
-                         "problem(s)", highlight=False)
+            stderr.print(
+                f"[bold red]error:[/] verification failed: {result.failure_count} problem(s)",
+                highlight=False,
+            )
         raise typer.Exit(EXIT_FAILURE)

@@ -46,16 +46,18 @@ class PackConfig:
             raise UsageError(f"--max-len {self.max_len} is too large (at most 2^30)")
         if self.strategy not in STRATEGIES:
             raise UsageError(
-                f"unknown --strategy '{self.strategy}' (choose from {', '.join(STRATEGIES)})")
+                f"unknown --strategy '{self.strategy}' (choose from {', '.join(STRATEGIES)})"
+            )
         if self.overlength not in POLICIES:
             raise UsageError(
-                f"unknown --overlength '{self.overlength}' (choose from {', '.join(POLICIES)})")
+                f"unknown --overlength '{self.overlength}' (choose from {', '.join(POLICIES)})"
+            )
         if self.on_error not in ON_ERROR:
             raise UsageError(
-                f"unknown --on-error '{self.on_error}' (choose from {', '.join(ON_ERROR)})")
+                f"unknown --on-error '{self.on_error}' (choose from {', '.join(ON_ERROR)})"
+            )
         if self.hash not in ALGORITHMS:
-            raise UsageError(
-                f"unknown --hash '{self.hash}' (choose from {', '.join(ALGORITHMS)})")
+            raise UsageError(f"unknown --hash '{self.hash}' (choose from {', '.join(ALGORITHMS)})")
         if not -(2**31) <= self.pad_id < 2**31:
             raise UsageError(f"--pad-id {self.pad_id} does not fit a 32-bit token id")
         if self.shard_rows is not None and self.shard_rows < 1:
@@ -111,7 +113,8 @@ def _coerce(name: str, value, path: Path):
     ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))
     if not ok:
         raise UsageError(
-            f"option '{name}' must be {expected.__name__}, got {value!r}", where=str(path))
+            f"option '{name}' must be {expected.__name__}, got {value!r}", where=str(path)
+        )
     return value
 
 

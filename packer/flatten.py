@@ -72,7 +72,7 @@ def _copy(chunks, total: int, allow_ignore: bool, pool: ThreadPoolExecutor) -> n
     base = 0
     for _, values in chunks:
         for a in range(0, values.size, _CHUNK):
-            part = values[a:a + _CHUNK]
+            part = values[a : a + _CHUNK]
             tasks.append(pool.submit(copy_checked, part, dst, base + a, allow_ignore))
         base += values.size
     if any(f.result() >= 0 for f in tasks):
@@ -81,18 +81,23 @@ def _copy(chunks, total: int, allow_ignore: bool, pool: ThreadPoolExecutor) -> n
 
 
 def _check(chunks, allow_ignore: bool, pool: ThreadPoolExecutor) -> bool:
-    tasks = [pool.submit(first_bad, values[a:a + _CHUNK], allow_ignore)
-             for _, values in chunks for a in range(0, values.size, _CHUNK)]
+    tasks = [
+        pool.submit(first_bad, values[a : a + _CHUNK], allow_ignore)
+        for _, values in chunks
+        for a in range(0, values.size, _CHUNK)
+    ]
     return not any(f.result() >= 0 for f in tasks)
 
 
 def _aligned(ids, labels) -> bool:
-    return labels is None or (len(ids) == len(labels) and all(
-        a.size == b.size for (_, a), (_, b) in zip(ids, labels)))
+    return labels is None or (
+        len(ids) == len(labels) and all(a.size == b.size for (_, a), (_, b) in zip(ids, labels))
+    )
 
 
-def fast_flatten(table: pa.Table, input_column: str, labels_column: str | None,
-                 zero_copy: bool = False):
+def fast_flatten(
+    table: pa.Table, input_column: str, labels_column: str | None, zero_copy: bool = False
+):
     """(tokens int32, lengths int64, labels int32 | None) when every row is valid, else None.
 
     zero_copy: when every chunk already holds int32 values, only check them and return the
@@ -122,8 +127,11 @@ def fast_flatten(table: pa.Table, input_column: str, labels_column: str | None,
                 return None
             if labels is not None and not _check(labels, True, pool):
                 return None
-        return ([v for _, v in ids], lengths,
-                [v for _, v in labels] if labels is not None else None)
+        return (
+            [v for _, v in ids],
+            lengths,
+            [v for _, v in labels] if labels is not None else None,
+        )
     with ThreadPoolExecutor(max_workers=n) as pool:
         tokens = _copy(ids, total, False, pool)
         if tokens is None:

@@ -65,10 +65,31 @@ class Buffers:
 
 @njit(cache=True, nogil=True)
 def gather_rows(
-    token_chunks, label_chunks, has_labels, seg_chunk, seg_local, order, row_starts,
-    seg_sample, seg_len, seg_offset, r0, r1, max_len, pad, pad_id,
-    out_ids, out_labels, out_pos, out_row_offsets, out_cu, out_cu_offsets,
-    out_sample, out_sample_offset, out_sample_row_offsets, out_loss,
+    token_chunks,
+    label_chunks,
+    has_labels,
+    seg_chunk,
+    seg_local,
+    order,
+    row_starts,
+    seg_sample,
+    seg_len,
+    seg_offset,
+    r0,
+    r1,
+    max_len,
+    pad,
+    pad_id,
+    out_ids,
+    out_labels,
+    out_pos,
+    out_row_offsets,
+    out_cu,
+    out_cu_offsets,
+    out_sample,
+    out_sample_offset,
+    out_sample_row_offsets,
+    out_loss,
 ):  # pragma: no cover - compiled
     """Fill the packed columns of rows r0..r1 (exclusive) and return (tokens, cu entries).
 

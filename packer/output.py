@@ -35,11 +35,15 @@ def check_target(output: Path, overwrite: bool) -> None:
         if not output.is_dir():
             raise UsageError("output path exists and is not a directory", where=str(output))
         if not overwrite:
-            raise UsageError("output directory exists; pass --overwrite to replace it",
-                             where=str(output))
+            raise UsageError(
+                "output directory exists; pass --overwrite to replace it", where=str(output)
+            )
         if not (output / "manifest.json").is_file() and any(output.iterdir()):
-            raise UsageError("refusing to overwrite a non-empty directory that is not a packer "
-                             "output (no manifest.json)", where=str(output))
+            raise UsageError(
+                "refusing to overwrite a non-empty directory that is not a packer "
+                "output (no manifest.json)",
+                where=str(output),
+            )
     # missing parents are created (like `mkdir -p`) once the inputs have been read; the
     # nearest existing ancestor must be a writable directory
     parent = output.parent
@@ -74,7 +78,7 @@ def remove_stale(output: Path) -> None:
         for prefix in (prefix_tmp, prefix_old):
             if not name.startswith(prefix):
                 continue
-            pid_text = name[len(prefix):].split("-", 1)[0]
+            pid_text = name[len(prefix) :].split("-", 1)[0]
             if not pid_text.isdigit() or _pid_alive(int(pid_text)):
                 continue
             if prefix == prefix_old and not (output.exists() or output.is_symlink()):
@@ -107,8 +111,13 @@ def _load_renameat2():
         if sys.platform.startswith("linux"):
             try:
                 fn = ctypes.CDLL(None, use_errno=True).renameat2
-                fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
-                               ctypes.c_uint]
+                fn.argtypes = [
+                    ctypes.c_int,
+                    ctypes.c_char_p,
+                    ctypes.c_int,
+                    ctypes.c_char_p,
+                    ctypes.c_uint,
+                ]
                 fn.restype = ctypes.c_int
             except (OSError, AttributeError):
                 fn = False
@@ -143,8 +152,10 @@ def commit(tmp: Path, output: Path, overwrite: bool = True) -> None:
     with deferred_signals():
         if output.exists() or output.is_symlink():
             if not overwrite:
-                raise UsageError("output appeared while packing; not replacing it without "
-                                 "--overwrite", where=str(output))
+                raise UsageError(
+                    "output appeared while packing; not replacing it without --overwrite",
+                    where=str(output),
+                )
             if _renameat2(tmp, output, _RENAME_EXCHANGE):
                 shutil.rmtree(tmp, ignore_errors=True)  # holds the old output now
             else:
@@ -209,8 +220,9 @@ def _fsync_dir(path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # Signals
 
-_SIGNALS = tuple(s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None))
-                 if s is not None)
+_SIGNALS = tuple(
+    s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s is not None
+)
 
 
 @contextmanager

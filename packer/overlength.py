@@ -51,16 +51,32 @@ def resolve(samples: Samples, max_len: int, policy: str) -> Segments:
         raise InputError(
             f"{n_over} sample(s) are longer than --max-len {max_len} (longest "
             f"{int(lengths.max())} tokens, first at {samples.locate(first)}); choose what to do "
-            "with them with --overlength drop|truncate|split")
+            "with them with --overlength drop|truncate|split"
+        )
     if policy == "drop":
         keep = ~over
-        return Segments(index[keep], starts[keep], lengths[keep], zero32[keep],
-                        dropped=n_over, truncated=0, split=0,
-                        tokens_removed=int(lengths[over].sum()))
+        return Segments(
+            index[keep],
+            starts[keep],
+            lengths[keep],
+            zero32[keep],
+            dropped=n_over,
+            truncated=0,
+            split=0,
+            tokens_removed=int(lengths[over].sum()),
+        )
     if policy == "truncate":
         cut = np.minimum(lengths, max_len)
-        return Segments(index, starts, cut, zero32, dropped=0, truncated=n_over, split=0,
-                        tokens_removed=int((lengths - cut).sum()))
+        return Segments(
+            index,
+            starts,
+            cut,
+            zero32,
+            dropped=0,
+            truncated=n_over,
+            split=0,
+            tokens_removed=int((lengths - cut).sum()),
+        )
     # split: consecutive pieces of max_len tokens, the last one shorter
     pieces = -(-lengths // max_len)
     sample = np.repeat(index, pieces)
@@ -68,5 +84,13 @@ def resolve(samples: Samples, max_len: int, policy: str) -> Segments:
     piece_no = np.arange(sample.size, dtype=np.int64) - np.repeat(first_piece, pieces)
     offset = piece_no * max_len
     length = np.minimum(lengths[sample] - offset, max_len)
-    return Segments(sample, starts[sample] + offset, length, offset.astype(np.int32),
-                    dropped=0, truncated=0, split=n_over, tokens_removed=0)
+    return Segments(
+        sample,
+        starts[sample] + offset,
+        length,
+        offset.astype(np.int32),
+        dropped=0,
+        truncated=0,
+        split=n_over,
+        tokens_removed=0,
+    )

@@ -59,8 +59,9 @@ class PackResult:
         }
 
 
-def compute_stats(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig,
-                  loss_tokens: int, pad_tokens: int) -> dict:
+def compute_stats(
+    samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, loss_tokens: int, pad_tokens: int
+) -> dict:
     tokens = int(segs.length.sum())
     lb = lower_bound(tokens, cfg.max_len)
     rows = pl.num_rows
@@ -86,17 +87,25 @@ def compute_stats(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig,
     }
 
 
-def build_manifest(cfg: PackConfig, samples: Samples, stats: dict, shards: list[dict],
-                   rejects: dict | None = None) -> dict:
+def build_manifest(
+    cfg: PackConfig, samples: Samples, stats: dict, shards: list[dict], rejects: dict | None = None
+) -> dict:
     return {
         "packer_version": __version__,
         "format_version": FORMAT_VERSION,
         "config": cfg.to_dict(),
         "columns": {f.name: str(f.type) for f in SCHEMA},
         "inputs": [
-            {"path": str(s.path), "format": s.format, "bytes": s.size,
-             "fingerprint": s.fingerprint, "samples": s.num_samples,
-             "first_index": s.first_index, "has_labels": s.has_labels, "rejected": s.rejected}
+            {
+                "path": str(s.path),
+                "format": s.format,
+                "bytes": s.size,
+                "fingerprint": s.fingerprint,
+                "samples": s.num_samples,
+                "first_index": s.first_index,
+                "has_labels": s.has_labels,
+                "rejected": s.rejected,
+            }
             for s in samples.sources
         ],
         "shards": shards,
@@ -110,8 +119,12 @@ def _write_rejects(samples: Samples, tmp: Path, algorithm: str) -> dict:
     path = tmp / REJECTS
     with open(path, "w", encoding="utf-8") as fh:
         fh.writelines(samples.rejects.jsonl_lines() if samples.rejects else ())
-    return {"file": REJECTS, "count": samples.num_rejected, "bytes": path.stat().st_size,
-            algorithm: hashing.file_digest(path, algorithm)}
+    return {
+        "file": REJECTS,
+        "count": samples.num_rejected,
+        "bytes": path.stat().st_size,
+        algorithm: hashing.file_digest(path, algorithm),
+    }
 
 
 def pack(
@@ -156,25 +169,47 @@ def pack(
             try:
                 cache_dir = make_cache_dir(out)
             except OSError as exc:
-                raise OutputError(f"cannot create a cache directory: {_os_reason(exc)}",
-                                  where=str(out.parent)) from None
-            samples = stream_samples(inputs, cache_dir, cfg.input_column, labels_column,
-                                     progress=on_file, on_error=cfg.on_error,
-                                     batch_bytes=batch_bytes_for(budget))
+                raise OutputError(
+                    f"cannot create a cache directory: {_os_reason(exc)}", where=str(out.parent)
+                ) from None
+            samples = stream_samples(
+                inputs,
+                cache_dir,
+                cfg.input_column,
+                labels_column,
+                progress=on_file,
+                on_error=cfg.on_error,
+                batch_bytes=batch_bytes_for(budget),
+            )
         else:
-            samples = read_samples(inputs, cfg.input_column, labels_column, progress=on_file,
-                                   on_error=cfg.on_error, chunked=True)
+            samples = read_samples(
+                inputs,
+                cfg.input_column,
+                labels_column,
+                progress=on_file,
+                on_error=cfg.on_error,
+                chunked=True,
+            )
         timings["read"] = time.perf_counter() - t0
-        return _pack_samples(samples, out, cfg, overwrite, progress, workers, timings, t0,
-                             out_of_core)
+        return _pack_samples(
+            samples, out, cfg, overwrite, progress, workers, timings, t0, out_of_core
+        )
     finally:
         if cache_dir is not None:
             remove_cache_dir(cache_dir)
 
 
-def _pack_samples(samples: Samples, out: Path, cfg: PackConfig, overwrite: bool,
-                  progress: Progress | None, workers: int, timings: dict, t0: float,
-                  out_of_core: bool) -> PackResult:
+def _pack_samples(
+    samples: Samples,
+    out: Path,
+    cfg: PackConfig,
+    overwrite: bool,
+    progress: Progress | None,
+    workers: int,
+    timings: dict,
+    t0: float,
+    out_of_core: bool,
+) -> PackResult:
     timings["out_of_core"] = float(out_of_core)
 
     t = time.perf_counter()
@@ -191,8 +226,9 @@ def _pack_samples(samples: Samples, out: Path, cfg: PackConfig, overwrite: bool,
     try:
         tmp = output.make_temp_dir(out)
     except OSError as exc:
-        raise OutputError(f"cannot create a temporary directory: {_os_reason(exc)}",
-                          where=str(out.parent)) from None
+        raise OutputError(
+            f"cannot create a temporary directory: {_os_reason(exc)}", where=str(out.parent)
+        ) from None
     try:
         shards = write_shards(samples, segs, pl, cfg, tmp, progress, workers)
         loss_tokens = sum(s["loss_tokens"] for s in shards)
@@ -210,14 +246,16 @@ def _pack_samples(samples: Samples, out: Path, cfg: PackConfig, overwrite: bool,
         output.commit(tmp, out, overwrite=overwrite)
     except OSError as exc:
         output.discard(tmp)
-        raise OutputError(f"cannot write the output: {_os_reason(exc)}; nothing was written",
-                          where=str(out)) from None
+        raise OutputError(
+            f"cannot write the output: {_os_reason(exc)}; nothing was written", where=str(out)
+        ) from None
     except BaseException:
         output.discard(tmp)
         raise
     timings["write"] = time.perf_counter() - t
-    return PackResult(output=out, stats=stats, shards=shards,
-                      seconds=time.perf_counter() - t0, timings=timings)
+    return PackResult(
+        output=out, stats=stats, shards=shards, seconds=time.perf_counter() - t0, timings=timings
+    )
 
 
 def _os_reason(exc: OSError) -> str:
@@ -228,4 +266,3 @@ def _os_reason(exc: OSError) -> str:
 def read_manifest(output_dir: str | Path) -> dict:
     with open(Path(output_dir) / MANIFEST, encoding="utf-8") as fh:
         return json.load(fh)
-

@@ -193,7 +193,7 @@ def _line_spans(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     maybe_blank = nonempty & np.isin(first, np.frombuffer(_JSON_SPACE, np.uint8))
     keep = nonempty.copy()
     for i in np.flatnonzero(maybe_blank).tolist():
-        keep[i] = bool(data[starts[i]:ends[i]].strip(_JSON_SPACE))
+        keep[i] = bool(data[starts[i] : ends[i]].strip(_JSON_SPACE))
     return starts[keep], ends[keep], numbers[keep]
 
 
@@ -208,8 +208,9 @@ def _read_jsonl_by_lines(path: Path, columns: list[str]) -> RawTable:
     schema = _json_schema(columns)
     whole = pa.py_buffer(data)
     longest = int((ends - starts).max()) if starts.size else 0
-    read_options = pa_json.ReadOptions(use_threads=False,
-                                       block_size=max(_JSON_BLOCK, 2 * longest + 1024))
+    read_options = pa_json.ReadOptions(
+        use_threads=False, block_size=max(_JSON_BLOCK, 2 * longest + 1024)
+    )
     parse_options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     null_row = pa.table({c: pa.nulls(1, pa.list_(pa.int64())) for c in columns}, schema=schema)
     pieces: list[pa.Table] = []
@@ -220,8 +221,9 @@ def _read_jsonl_by_lines(path: Path, columns: list[str]) -> RawTable:
     def parse(i: int, j: int) -> pa.Table:
         """Lines i..j-1 (indices into the non-blank lines) as one table, or ArrowInvalid."""
         chunk = whole.slice(int(starts[i]), int(ends[j - 1] - starts[i]))
-        table = pa_json.read_json(pa.BufferReader(chunk), read_options=read_options,
-                                  parse_options=parse_options)
+        table = pa_json.read_json(
+            pa.BufferReader(chunk), read_options=read_options, parse_options=parse_options
+        )
         if table.num_rows != j - i:  # e.g. two objects on one line
             raise pa.ArrowInvalid(f"{table.num_rows} JSON values on {j - i} line(s)")
         return table
@@ -248,7 +250,7 @@ def _read_jsonl_by_lines(path: Path, columns: list[str]) -> RawTable:
     def leaf(i: int, j: int) -> None:
         run = i
         for k in range(i, j):
-            problem = _line_problem(data[starts[k]:ends[k]], columns)
+            problem = _line_problem(data[starts[k] : ends[k]], columns)
             if problem:
                 good_run(run, k)
                 bad(k, *problem)
@@ -298,16 +300,18 @@ def _line_problem(line: bytes | str, columns: list[str]) -> tuple[str, str] | No
         if value is None:
             continue  # absent columns are reported after reading, with the rest of the file
         if not isinstance(value, list):
-            return "not_integer_list", (f"'{name}' must be a list of integers, got "
-                                        f"{type(value).__name__}")
+            return "not_integer_list", (
+                f"'{name}' must be a list of integers, got {type(value).__name__}"
+            )
         for pos, v in enumerate(value):
             if isinstance(v, bool) or not isinstance(v, int):
                 return "not_integer_list", f"'{name}'[{pos}] is {_short(v)}, not an integer"
             if not -(2**63) <= v < 2**63:
                 if v < 0:
                     return "negative_id", f"'{name}'[{pos}] = {_short(v)} is a negative id"
-                return "id_out_of_range", (f"'{name}'[{pos}] = {_short(v)} does not fit a 32-bit "
-                                           "token id")
+                return "id_out_of_range", (
+                    f"'{name}'[{pos}] = {_short(v)} does not fit a 32-bit token id"
+                )
     return None
 
 
@@ -321,9 +325,9 @@ def _short(value) -> str:
 
 
 def _list_of_int(type_: pa.DataType) -> bool:
-    return (
-        pa.types.is_list(type_) or pa.types.is_large_list(type_)
-    ) and pa.types.is_integer(type_.value_type)
+    return (pa.types.is_list(type_) or pa.types.is_large_list(type_)) and pa.types.is_integer(
+        type_.value_type
+    )
 
 
 def _select(table: pa.Table, path: Path, columns: list[str]) -> RawTable:
@@ -334,8 +338,9 @@ def _select(table: pa.Table, path: Path, columns: list[str]) -> RawTable:
             continue
         type_ = table.schema.field(name).type
         if not _list_of_int(type_):
-            raise InputError(f"column '{name}' has type {type_}, expected a list of integers",
-                             where=str(path))
+            raise InputError(
+                f"column '{name}' has type {type_}, expected a list of integers", where=str(path)
+            )
         keep[name] = table.column(name)
     return RawTable(pa.table(keep) if keep else pa.table({"__rows__": pa.nulls(table.num_rows)}))
 
@@ -407,18 +412,24 @@ def _flatten(column: pa.ChunkedArray) -> _Column:
         offsets = chunk.offsets.to_numpy()
         child = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
         if child.null_count:
-            null_values.append(np.flatnonzero(child.is_null().to_numpy(zero_copy_only=False))
-                               + base)
+            null_values.append(
+                np.flatnonzero(child.is_null().to_numpy(zero_copy_only=False)) + base
+            )
             child = child.fill_null(0)
         values.append(child.to_numpy(zero_copy_only=False))
         lengths.append(np.diff(offsets).astype(np.int64))
         nulls.append(chunk.is_null().to_numpy(zero_copy_only=False))
         base += len(child)
     if not values:
-        return _Column(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool),
-                       np.zeros(0, np.int64))
-    return _Column(np.concatenate(values), np.concatenate(lengths), np.concatenate(nulls),
-                   np.concatenate(null_values) if null_values else np.zeros(0, np.int64))
+        return _Column(
+            np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64)
+        )
+    return _Column(
+        np.concatenate(values),
+        np.concatenate(lengths),
+        np.concatenate(nulls),
+        np.concatenate(null_values) if null_values else np.zeros(0, np.int64),
+    )
 
 
 def _value_problems(col: _Column, allow_ignore: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -468,8 +479,10 @@ class _Checked:
         if code == "missing_labels":
             return f"no '{lab}' in this sample, though other samples have them"
         if code == "labels_length":
-            return (f"'{lab}' has {int(self.labels.lengths[row])} entries but '{name}' has "
-                    f"{int(self.ids.lengths[row])}")
+            return (
+                f"'{lab}' has {int(self.labels.lengths[row])} entries but '{name}' has "
+                f"{int(self.ids.lengths[row])}"
+            )
         for col_name, col, allow in ((name, self.ids, False), (lab, self.labels, True)):
             if col is None:
                 continue
@@ -493,8 +506,9 @@ def _describe_values(col: _Column, row: int, name: str, allow_ignore: bool) -> s
     return None
 
 
-def _check_table(raw: RawTable, where: str, input_column: str,
-                 labels_column: str | None) -> _Checked:
+def _check_table(
+    raw: RawTable, where: str, input_column: str, labels_column: str | None
+) -> _Checked:
     table = raw.table
     if input_column not in table.column_names:
         raise InputError(f"no '{input_column}' column", where=where)
@@ -527,8 +541,12 @@ def _check_table(raw: RawTable, where: str, input_column: str,
 
 
 def read_file(
-    path: Path, input_column: str = "input_ids", labels_column: str | None = "labels",
-    first_index: int = 0, on_error: str = "error", rejects: Rejects | None = None,
+    path: Path,
+    input_column: str = "input_ids",
+    labels_column: str | None = "labels",
+    first_index: int = 0,
+    on_error: str = "error",
+    rejects: Rejects | None = None,
     chunked: bool = False,
 ) -> tuple[SourceFile, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Read and validate one file: (source, tokens int32, lengths, labels int32 | None, kept).
@@ -541,23 +559,36 @@ def read_file(
     raw = READERS[fmt](path, columns)
     src = new_source(path, fmt, raw.table.num_rows, first_index, raw.lines)
     tokens, lengths, lab, kept, has_labels = validate(
-        raw, src, 0, input_column, labels_column, on_error, rejects, chunked)
+        raw, src, 0, input_column, labels_column, on_error, rejects, chunked
+    )
     src.has_labels = has_labels
     return src, tokens, lengths, lab, kept
 
 
-def new_source(path: Path, fmt: str, num_samples: int, first_index: int,
-               lines: np.ndarray | None = None) -> SourceFile:
+def new_source(
+    path: Path, fmt: str, num_samples: int, first_index: int, lines: np.ndarray | None = None
+) -> SourceFile:
     return SourceFile(
-        path=path, format=fmt, num_samples=num_samples, first_index=first_index,
-        size=path.stat().st_size, fingerprint=fingerprint(path), has_labels=False,
+        path=path,
+        format=fmt,
+        num_samples=num_samples,
+        first_index=first_index,
+        size=path.stat().st_size,
+        fingerprint=fingerprint(path),
+        has_labels=False,
         _lines=lines,
     )
 
 
 def validate(
-    raw: RawTable, src: SourceFile, row_base: int, input_column: str,
-    labels_column: str | None, on_error: str, rejects: Rejects | None, chunked: bool = False,
+    raw: RawTable,
+    src: SourceFile,
+    row_base: int,
+    input_column: str,
+    labels_column: str | None,
+    on_error: str,
+    rejects: Rejects | None,
+    chunked: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None, bool]:
     """Validate rows `row_base...` of `src` held in `raw`: (tokens, lengths, labels, kept, labels?).
 
@@ -565,8 +596,11 @@ def validate(
     reader and per record batch by the streaming reader, with the same codes and messages.
     With `chunked`, valid int32 data comes back as lists of views of the Arrow chunks.
     """
-    fast = (fast_flatten(raw.table, input_column, labels_column, zero_copy=chunked)
-            if raw.parse_codes is None else None)
+    fast = (
+        fast_flatten(raw.table, input_column, labels_column, zero_copy=chunked)
+        if raw.parse_codes is None
+        else None
+    )
     if fast is not None:  # every row valid: one compiled pass, no per-row codes needed
         tokens, lengths, lab = fast
         return tokens, lengths, lab, None, lab is not None
@@ -579,8 +613,9 @@ def validate(
             first = int(bad[0])
             raise InputError(checked.message(first), where=src.locate(row_base + first))
         if rejects is not None:
-            rejects.add(src, bad + row_base, checked.codes[bad],
-                        [checked.message(r) for r in bad.tolist()])
+            rejects.add(
+                src, bad + row_base, checked.codes[bad], [checked.message(r) for r in bad.tolist()]
+            )
         src.rejected += int(bad.size)
         keep = checked.codes == 0
         kept = np.flatnonzero(keep)
@@ -621,14 +656,14 @@ def read_samples(
     first = 0
     for path in paths:
         src, ids, lengths, labels, kept = read_file(
-            path, input_column, labels_column, first, on_error, rejects, chunked)
+            path, input_column, labels_column, first, on_error, rejects, chunked
+        )
         check_schema(src, sources, labels_column, require_labels)
         sources.append(src)
         ids_parts.append(ids)
         len_parts.append(lengths)
         lab_parts.append(labels)
-        index_parts.append(first + kept if kept is not None else
-                           (first, first + src.num_samples))
+        index_parts.append(first + kept if kept is not None else (first, first + src.num_samples))
         first += src.num_samples
         if progress:
             progress(path)
@@ -639,18 +674,21 @@ def read_samples(
     labels = None
     if sources[0].has_labels:
         labels = np.concatenate(lab_parts) if len(lab_parts) > 1 else lab_parts[0]
-    return Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index,
-                   rejects=rejects)
+    return Samples(
+        tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index, rejects=rejects
+    )
 
 
-def check_schema(src: SourceFile, sources: list[SourceFile], labels_column: str | None,
-                 require_labels: bool) -> None:
+def check_schema(
+    src: SourceFile, sources: list[SourceFile], labels_column: str | None, require_labels: bool
+) -> None:
     """Every file must agree with the first on having labels (and have them when required)."""
     if sources and src.has_labels != sources[0].has_labels:
         with_, without = (src, sources[0]) if src.has_labels else (sources[0], src)
         raise InputError(
             f"mixed schemas: {with_.path} has a '{labels_column}' column and "
-            f"{without.path} does not")
+            f"{without.path} does not"
+        )
     if require_labels and not src.has_labels:
         raise InputError(f"no '{labels_column}' column", where=str(src.path))
 
@@ -670,10 +708,17 @@ def _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> 
             if lab is not None:
                 lab.append(lpieces[k])
             starts.append(starts[-1] + piece.size)
-    return Samples(tokens=None, offsets=offsets, labels=None, sources=sources, index=index,
-                   rejects=rejects, token_chunks=as_chunks(tok),
-                   label_chunks=as_chunks(lab) if lab is not None else None,
-                   chunk_starts=np.asarray(starts, np.int64))
+    return Samples(
+        tokens=None,
+        offsets=offsets,
+        labels=None,
+        sources=sources,
+        index=index,
+        rejects=rejects,
+        token_chunks=as_chunks(tok),
+        label_chunks=as_chunks(lab) if lab is not None else None,
+        chunk_starts=np.asarray(starts, np.int64),
+    )
 
 
 def _counts_text(rejects: Rejects | None) -> str:
@@ -693,13 +738,15 @@ def assemble_offsets(len_parts, index_parts, num_read: int, rejects):
     if num_read == 0:
         raise InputError("the dataset is empty: the inputs hold no samples")
     if kept_total == 0:
-        raise InputError(f"the dataset is empty: all {num_read} samples were rejected "
-                         f"({_counts_text(rejects)})")
+        raise InputError(
+            f"the dataset is empty: all {num_read} samples were rejected ({_counts_text(rejects)})"
+        )
     offsets = np.zeros(kept_total + 1, np.int64)
     np.cumsum(np.concatenate(len_parts), out=offsets[1:])
     index = None
     if kept_total != num_read:
         # a (first, end) pair stands for a run of samples that were all kept
-        index = np.concatenate([np.arange(*p, dtype=np.int64) if isinstance(p, tuple) else p
-                                for p in index_parts]).astype(np.int64, copy=False)
+        index = np.concatenate(
+            [np.arange(*p, dtype=np.int64) if isinstance(p, tuple) else p for p in index_parts]
+        ).astype(np.int64, copy=False)
     return offsets, index

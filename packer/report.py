@@ -12,7 +12,9 @@ stderr = Console(stderr=True)
 
 
 def pack_table(report: dict, max_len: int) -> Table:
-    table = Table(title=f"packer pack → {report['output']}", show_header=False, title_justify="left")
+    table = Table(
+        title=f"packer pack → {report['output']}", show_header=False, title_justify="left"
+    )
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     rows = [
@@ -31,9 +33,12 @@ def pack_table(report: dict, max_len: int) -> Table:
         ("lower bound ⌈tokens / L⌉", f"{report['lower_bound']:,}"),
         ("rows / lower bound", f"{report['rows_over_lower_bound']:.5f}"),
         *(
-            (("rows of one global plan", f"{report['global_rows']:,}"),
-             ("window cost", f"{100 * report['window_cost']:+.3f} %"))
-            if "global_rows" in report else ()
+            (
+                ("rows of one global plan", f"{report['global_rows']:,}"),
+                ("window cost", f"{100 * report['window_cost']:+.3f} %"),
+            )
+            if "global_rows" in report
+            else ()
         ),
         ("efficiency", f"{100 * report['efficiency']:.3f} %"),
         ("shards", f"{report['shards']:,}"),
@@ -50,8 +55,14 @@ def progress_bars(enabled: bool):
     if not (enabled and stderr.is_terminal):
         yield None
         return
-    bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeElapsedColumn(), console=stderr, transient=True)
+    bars = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+    )
     tasks: dict[str, int] = {}
     labels = {"read": "reading files", "write": "writing rows"}
 

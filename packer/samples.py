@@ -68,14 +68,21 @@ class Rejects:
     def total(self) -> int:
         return len(self.records)
 
-    def add(self, src: SourceFile, rows: np.ndarray, codes: np.ndarray,
-            messages: list[str]) -> None:
+    def add(
+        self, src: SourceFile, rows: np.ndarray, codes: np.ndarray, messages: list[str]
+    ) -> None:
         """Record rejected `rows` of `src` (per-rejected-sample work only)."""
         for row, code, message in zip(rows.tolist(), codes.tolist(), messages):
             kind, n = src.position(row)
-            self.records.append({"file": str(src.path), kind: n,
-                                 "sample_index": src.first_index + row,
-                                 "reason": REASONS[code - 1], "message": message})
+            self.records.append(
+                {
+                    "file": str(src.path),
+                    kind: n,
+                    "sample_index": src.first_index + row,
+                    "reason": REASONS[code - 1],
+                    "message": message,
+                }
+            )
         for code, count in enumerate(np.bincount(codes, minlength=len(REASONS) + 1).tolist()):
             if code and count:
                 name = REASONS[code - 1]

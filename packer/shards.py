@@ -59,11 +59,15 @@ def default_workers() -> int:
 
 def allocation(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> tuple[int, int, int]:
     """(tokens, rows, segments) of the largest of the (.., first row, end row) ranges."""
-    sizes = [shard_sizes(pl.order, pl.row_starts, segs.length, a, b, cfg.max_len, cfg.pad)
-             for *_, a, b in bounds]
-    return (max((t for t, _ in sizes), default=0),
-            max((b - a for *_, a, b in bounds), default=0),
-            max((s for _, s in sizes), default=0))
+    sizes = [
+        shard_sizes(pl.order, pl.row_starts, segs.length, a, b, cfg.max_len, cfg.pad)
+        for *_, a, b in bounds
+    ]
+    return (
+        max((t for t, _ in sizes), default=0),
+        max((b - a for *_, a, b in bounds), default=0),
+        max((s for _, s in sizes), default=0),
+    )
 
 
 def allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
@@ -71,15 +75,37 @@ def allocate(pl: Plan, segs: Segments, cfg: PackConfig, bounds) -> Buffers:
     return Buffers.allocate(*allocation(pl, segs, cfg, bounds))
 
 
-def gather_batch(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int,
-                 buf: Buffers) -> tuple[int, int]:
+def gather_batch(
+    samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int, buf: Buffers
+) -> tuple[int, int]:
     """Fill `buf` with rows a..b; return (tokens, cu_seqlens entries)."""
     tokens, labels, seg_chunk, seg_local = _sources(samples, segs)
     return gather_rows(
-        tokens, labels, samples.has_labels, seg_chunk, seg_local, pl.order, pl.row_starts,
-        segs.sample, segs.length, segs.offset, a, b, cfg.max_len, cfg.pad, cfg.pad_id,
-        buf.ids, buf.labels, buf.pos, buf.row_offsets, buf.cu, buf.cu_offsets, buf.sample,
-        buf.sample_offset, buf.sample_row_offsets, buf.loss,
+        tokens,
+        labels,
+        samples.has_labels,
+        seg_chunk,
+        seg_local,
+        pl.order,
+        pl.row_starts,
+        segs.sample,
+        segs.length,
+        segs.offset,
+        a,
+        b,
+        cfg.max_len,
+        cfg.pad,
+        cfg.pad_id,
+        buf.ids,
+        buf.labels,
+        buf.pos,
+        buf.row_offsets,
+        buf.cu,
+        buf.cu_offsets,
+        buf.sample,
+        buf.sample_offset,
+        buf.sample_row_offsets,
+        buf.loss,
     )
 
 
@@ -96,8 +122,12 @@ def _sources(samples: Samples, segs: Segments):
             labels = as_chunks([samples.labels]) if samples.labels is not None else None
             chunk = np.zeros(len(segs.start), np.int64)
             local = segs.start
-        cached = (tokens, labels if labels is not None else tokens,
-                  chunk.astype(np.int64, copy=False), local.astype(np.int64, copy=False))
+        cached = (
+            tokens,
+            labels if labels is not None else tokens,
+            chunk.astype(np.int64, copy=False),
+            local.astype(np.int64, copy=False),
+        )
         segs._sources = cached
     return cached
 
@@ -115,8 +145,15 @@ def open_shard(path: Path, algorithm: str) -> ShardWriter:
     return ShardWriter(path, algorithm)
 
 
-def write_shards(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, out_dir: Path,
-                 progress: Progress | None = None, workers: int | None = None) -> list[dict]:
+def write_shards(
+    samples: Samples,
+    segs: Segments,
+    pl: Plan,
+    cfg: PackConfig,
+    out_dir: Path,
+    progress: Progress | None = None,
+    workers: int | None = None,
+) -> list[dict]:
     """Write every shard of the plan into `out_dir`; return their manifest entries in order."""
     bounds = batch_bounds(pl, cfg)
     num_shards = bounds[-1][0] + 1 if bounds else 0
@@ -141,8 +178,12 @@ def write_shards(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, ou
                 name = f"shard-{shard:0{width}d}.arrow"
                 state["shard"], state["writer"] = shard, open_shard(out_dir / name, cfg.hash)
             writer = state["writer"]
-            writer.add(shard_batch(buf, rows, tokens, cu_entries), tokens,
-                       int(buf.sample_row_offsets[rows]), int(buf.loss[:rows].sum()))
+            writer.add(
+                shard_batch(buf, rows, tokens, cu_entries),
+                tokens,
+                int(buf.sample_row_offsets[rows]),
+                int(buf.loss[:rows].sum()),
+            )
             if k + 1 == len(bounds) or bounds[k + 1][0] != shard:
                 state["writer"] = None
                 entries.append(writer.close())

@@ -7,9 +7,15 @@ the same per-sample loss as the samples run alone. Needs torch and transformers.
 from __future__ import annotations
 
 
-def build_tiny_model(seed: int = 0, vocab_size: int = 32000, hidden_size: int = 64,
-                     num_layers: int = 2, num_heads: int = 4, max_positions: int = 16384,
-                     attn_implementation: str = "sdpa"):
+def build_tiny_model(
+    seed: int = 0,
+    vocab_size: int = 32000,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_positions: int = 16384,
+    attn_implementation: str = "sdpa",
+):
     """A 2-layer Llama with random weights, in fp32 eval mode (dropout off)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

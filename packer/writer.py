@@ -14,15 +14,17 @@ import pyarrow as pa
 from packer import hashing
 from packer.gather import Buffers
 
-SCHEMA = pa.schema([
-    ("input_ids", pa.list_(pa.int32())),
-    ("labels", pa.list_(pa.int32())),
-    ("position_ids", pa.list_(pa.int32())),
-    ("cu_seqlens", pa.list_(pa.int32())),
-    ("sample_index", pa.list_(pa.int64())),
-    ("sample_offset", pa.list_(pa.int32())),
-    ("num_loss_tokens", pa.int32()),
-])
+SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("position_ids", pa.list_(pa.int32())),
+        ("cu_seqlens", pa.list_(pa.int32())),
+        ("sample_index", pa.list_(pa.int64())),
+        ("sample_offset", pa.list_(pa.int32())),
+        ("num_loss_tokens", pa.int32()),
+    ]
+)
 
 
 class _HashingFile:
@@ -99,9 +101,15 @@ class ShardWriter:
             self._writer.close()
         finally:
             self._sink.close()
-        return {"file": self.path.name, "rows": self.rows, "tokens": self.tokens,
-                "segments": self.segments, "loss_tokens": self.loss_tokens,
-                "bytes": self._sink.bytes, self.algorithm: self._sink.digest.hexdigest()}
+        return {
+            "file": self.path.name,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "segments": self.segments,
+            "loss_tokens": self.loss_tokens,
+            "bytes": self._sink.bytes,
+            self.algorithm: self._sink.digest.hexdigest(),
+        }
 
     def abort(self) -> None:
         """Close the file after a failure; its directory is discarded by the caller."""

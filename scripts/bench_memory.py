@@ -67,8 +67,10 @@ def main() -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     full = data_dir / "lognormal-1000000.parquet"
     if not full.exists():
-        subprocess.run([PY, str(ROOT / "scripts/make_lognormal.py"), str(full),
-                        "--samples", "1000000"], check=True)
+        subprocess.run(
+            [PY, str(ROOT / "scripts/make_lognormal.py"), str(full), "--samples", "1000000"],
+            check=True,
+        )
     inputs = []
     for n in args.sizes:
         path = data_dir / f"lognormal-head-{n}.parquet"
@@ -87,26 +89,55 @@ def main() -> None:
                 best = None
                 for _ in range(args.runs):
                     out = work / "out"
-                    dt, peak, report = run([PACKER, "pack", str(path), "-o", str(out), "-L",
-                                            str(args.max_len), "--overlength", "split",
-                                            "--memory-budget", budget, "--json"])
+                    dt, peak, report = run(
+                        [
+                            PACKER,
+                            "pack",
+                            str(path),
+                            "-o",
+                            str(out),
+                            "-L",
+                            str(args.max_len),
+                            "--overlength",
+                            "split",
+                            "--memory-budget",
+                            budget,
+                            "--json",
+                        ]
+                    )
                     shutil.rmtree(out, ignore_errors=True)
                     if best is None or peak < best[1]:
                         best = (dt, peak, report)
                 dt, peak, report = best
-                rows.append((n, report["tokens_in"], path.stat().st_size, mode, budget,
-                             bool(report["timings"].get("out_of_core")), peak, dt))
+                rows.append(
+                    (
+                        n,
+                        report["tokens_in"],
+                        path.stat().st_size,
+                        mode,
+                        budget,
+                        bool(report["timings"].get("out_of_core")),
+                        peak,
+                        dt,
+                    )
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\npeak RssAnon of `packer pack -L {args.max_len} --overlength split` "
-          f"(sampled every 20 ms)\n")
-    print("| samples | tokens | input MB | mode | --memory-budget | streamed | peak RssAnon MiB "
-          "| seconds |")
+    print(
+        f"\npeak RssAnon of `packer pack -L {args.max_len} --overlength split` "
+        f"(sampled every 20 ms)\n"
+    )
+    print(
+        "| samples | tokens | input MB | mode | --memory-budget | streamed | peak RssAnon MiB "
+        "| seconds |"
+    )
     print("|---:|---:|---:|---|---|---|---:|---:|")
     for n, tokens, size, mode, budget, ooc, peak, dt in rows:
-        print(f"| {n:,} | {tokens:,} | {size / 1e6:,.0f} | {mode} | {budget} | "
-              f"{'yes' if ooc else 'no'} | {peak / 2**20:,.0f} | {dt:.2f} |")
+        print(
+            f"| {n:,} | {tokens:,} | {size / 1e6:,.0f} | {mode} | {budget} | "
+            f"{'yes' if ooc else 'no'} | {peak / 2**20:,.0f} | {dt:.2f} |"
+        )
 
 
 if __name__ == "__main__":

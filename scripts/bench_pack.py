@@ -121,17 +121,29 @@ def main() -> None:
     parser.add_argument("--data-dir", default=str(ROOT / "bench-data"))
     parser.add_argument("--jsonl-samples", type=int, default=200_000)
     parser.add_argument("--skip-trl", action="store_true")
-    parser.add_argument("--trl-strategy", default="bfd", choices=["bfd", "bfd_split"],
-                        help="bfd (truncates; packer --overlength truncate) or bfd_split "
-                        "(packer --overlength split)")
+    parser.add_argument(
+        "--trl-strategy",
+        default="bfd",
+        choices=["bfd", "bfd_split"],
+        help="bfd (truncates; packer --overlength truncate) or bfd_split "
+        "(packer --overlength split)",
+    )
     args = parser.parse_args()
 
     data_dir = Path(args.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     data = data_dir / f"lognormal-{args.samples}.parquet"
     if not data.exists():
-        subprocess.run([PY, str(ROOT / "scripts/make_lognormal.py"), str(data),
-                        "--samples", str(args.samples)], check=True)
+        subprocess.run(
+            [
+                PY,
+                str(ROOT / "scripts/make_lognormal.py"),
+                str(data),
+                "--samples",
+                str(args.samples),
+            ],
+            check=True,
+        )
     import pyarrow.parquet as pq
 
     tokens = int(pq.read_metadata(data).num_rows)  # rows for now; tokens from packer's report
@@ -142,15 +154,39 @@ def main() -> None:
     policy = "truncate" if args.trl_strategy == "bfd" else "split"
     try:
         # warm the numba cache once so every timed packer run measures a cache load, like a user's
-        timed([str(Path(PY).parent / "packer"), "pack", str(data), "-o", str(work / "warm"),
-               "-L", L, "--overlength", policy, "--json"])
+        timed(
+            [
+                str(Path(PY).parent / "packer"),
+                "pack",
+                str(data),
+                "-o",
+                str(work / "warm"),
+                "-L",
+                L,
+                "--overlength",
+                policy,
+                "--json",
+            ]
+        )
         drop(work / "warm")
         for _ in range(args.runs):
             dt, _ = timed([PY, "-c", COPY, str(data), str(work / "copy.arrow")])
             results.setdefault("copy limit (read Parquet, write Arrow IPC)", []).append(dt)
             drop(work / "copy.arrow")
-            dt, out = timed([str(Path(PY).parent / "packer"), "pack", str(data), "-o",
-                             str(work / "packed"), "-L", L, "--overlength", policy, "--json"])
+            dt, out = timed(
+                [
+                    str(Path(PY).parent / "packer"),
+                    "pack",
+                    str(data),
+                    "-o",
+                    str(work / "packed"),
+                    "-L",
+                    L,
+                    "--overlength",
+                    policy,
+                    "--json",
+                ]
+            )
             results.setdefault("packer pack (end to end)", []).append(dt)
             report = json.loads(out)
             extra["packer"] = report
@@ -158,9 +194,11 @@ def main() -> None:
             dt, out = timed([PY, "-c", PACKER_IN_MEMORY, str(data), L, policy])
             info = json.loads(out)
             results.setdefault("packer plan + gather, in memory (batch buffers)", []).append(
-                info["seconds"])
+                info["seconds"]
+            )
             results.setdefault("packer gather of every row into fresh memory", []).append(
-                info["all_rows"])
+                info["all_rows"]
+            )
         if not args.skip_trl:
             try:
                 import trl  # noqa: F401
@@ -168,12 +206,25 @@ def main() -> None:
                 print("TRL not installed: skipping (pip install trl, with torch==2.13.0 first)")
             else:
                 for _ in range(args.trl_runs):
-                    dt, out = timed([PY, "-c", TRL, str(data), str(work / "trl"),
-                                     str(work / "hf-cache"), L, args.trl_strategy])
+                    dt, out = timed(
+                        [
+                            PY,
+                            "-c",
+                            TRL,
+                            str(data),
+                            str(work / "trl"),
+                            str(work / "hf-cache"),
+                            L,
+                            args.trl_strategy,
+                        ]
+                    )
                     info = json.loads(out.strip().splitlines()[-1])
-                    results.setdefault("TRL from_parquet + pack_dataset + save_to_disk", []).append(dt)
+                    results.setdefault("TRL from_parquet + pack_dataset + save_to_disk", []).append(
+                        dt
+                    )
                     results.setdefault("TRL pack_dataset call, in memory", []).append(
-                        info["pack_call"])
+                        info["pack_call"]
+                    )
                     extra["trl_rows"] = info["rows"]
                     drop(work / "trl")
                     drop(work / "hf-cache")
@@ -191,10 +242,12 @@ def main() -> None:
         for _ in range(args.runs):
             _, out = timed([PY, "-c", JSONL_PYARROW, str(jsonl)])
             results.setdefault("JSONL: pyarrow.json.read_json (threads)", []).append(
-                float(out.split()[1]))
+                float(out.split()[1])
+            )
             _, out = timed([PY, "-c", JSONL_PACKER, str(jsonl)])
             results.setdefault("JSONL: packer reader (parse + validate)", []).append(
-                float(out.split()[1]))
+                float(out.split()[1])
+            )
             extra["jsonl_tokens"] = int(out.split()[2])
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -203,9 +256,11 @@ def main() -> None:
     tokens = report.get("tokens_in", tokens)
     med = {k: statistics.median(v) for k, v in results.items()}
     copy = med["copy limit (read Parquet, write Arrow IPC)"]
-    print(f"\n{args.samples:,} samples, {tokens:,} tokens, L={args.max_len}, "
-          f"{os.cpu_count()} cores; medians of {args.runs} runs (TRL: {args.trl_runs}); "
-          f"packer --overlength {policy} vs TRL strategy={args.trl_strategy}\n")
+    print(
+        f"\n{args.samples:,} samples, {tokens:,} tokens, L={args.max_len}, "
+        f"{os.cpu_count()} cores; medians of {args.runs} runs (TRL: {args.trl_runs}); "
+        f"packer --overlength {policy} vs TRL strategy={args.trl_strategy}\n"
+    )
     print(f"| {'what':<52} | {'median s':>9} | {'runs':<30} | {'× copy':>7} |")
     print(f"|{'-' * 54}|{'-' * 11}|{'-' * 32}|{'-' * 9}|")
     for name, values in results.items():
@@ -214,19 +269,27 @@ def main() -> None:
         print(f"| {name:<52} | {med[name]:>9.2f} | {runs:<30} | {ratio:>7} |")
     print()
     if "TRL from_parquet + pack_dataset + save_to_disk" in med:
-        e2e = med["TRL from_parquet + pack_dataset + save_to_disk"] / med["packer pack (end to end)"]
-        mem = (med["TRL pack_dataset call, in memory"]
-               / med["packer plan + gather, in memory (batch buffers)"])
+        e2e = (
+            med["TRL from_parquet + pack_dataset + save_to_disk"] / med["packer pack (end to end)"]
+        )
+        mem = (
+            med["TRL pack_dataset call, in memory"]
+            / med["packer plan + gather, in memory (batch buffers)"]
+        )
         print(f"packer vs TRL end to end: {e2e:.1f}x faster; in memory: {mem:.1f}x faster")
-        print(f"rows: packer {report.get('rows'):,}, TRL {extra['trl_rows']:,}, lower bound "
-              f"{report.get('lower_bound'):,}")
+        print(
+            f"rows: packer {report.get('rows'):,}, TRL {extra['trl_rows']:,}, lower bound "
+            f"{report.get('lower_bound'):,}"
+        )
     print(f"packer / copy limit: {med['packer pack (end to end)'] / copy:.2f}x")
     jp = med["JSONL: pyarrow.json.read_json (threads)"]
     jk = med["JSONL: packer reader (parse + validate)"]
     tok = extra["jsonl_tokens"]
-    print(f"JSONL ({args.jsonl_samples:,} samples, {tok:,} tokens): packer reader {jk:.2f} s "
-          f"({tok / jk / 1e6:.1f}M tokens/s) vs pyarrow {jp:.2f} s ({tok / jp / 1e6:.1f}M "
-          f"tokens/s): {jp / jk:.2f}x")
+    print(
+        f"JSONL ({args.jsonl_samples:,} samples, {tok:,} tokens): packer reader {jk:.2f} s "
+        f"({tok / jk / 1e6:.1f}M tokens/s) vs pyarrow {jp:.2f} s ({tok / jp / 1e6:.1f}M "
+        f"tokens/s): {jp / jk:.2f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -57,9 +57,11 @@ def main() -> None:
     lengths = lognormal_lengths(args.samples, args.median, args.sigma, args.seed)
     table = make_table(lengths, args.seed, labels=not args.no_labels)
     pq.write_table(table, args.output, row_group_size=args.row_group)
-    print(f"{args.output}: {args.samples:,} samples, {int(lengths.sum()):,} tokens, "
-          f"median {int(np.median(lengths))}, max {int(lengths.max())} "
-          f"({time.perf_counter() - t:.1f} s)")
+    print(
+        f"{args.output}: {args.samples:,} samples, {int(lengths.sum()):,} tokens, "
+        f"median {int(np.median(lengths))}, max {int(lengths.max())} "
+        f"({time.perf_counter() - t:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -35,9 +35,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.output.endswith(".gz"):
         # no name and mtime=0 in the gzip header: the file is byte-identical on every machine
-        with open(args.output, "wb") as raw, gzip.GzipFile(
-            filename="", fileobj=raw, mode="wb", mtime=0
-        ) as fh:
+        with (
+            open(args.output, "wb") as raw,
+            gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh,
+        ):
             for sample in make_samples(args.samples, args.seed):
                 fh.write((json.dumps(sample, separators=(",", ":")) + "\n").encode())
     else:

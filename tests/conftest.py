@@ -15,8 +15,14 @@ from typer.testing import CliRunner
 from packer.cli import app
 
 
-def make_samples(n: int = 200, seed: int = 0, median: int = 60, max_len: int | None = None,
-                 vocab: int = 1000, with_labels: bool = True) -> list[dict]:
+def make_samples(
+    n: int = 200,
+    seed: int = 0,
+    median: int = 60,
+    max_len: int | None = None,
+    vocab: int = 1000,
+    with_labels: bool = True,
+) -> list[dict]:
     """Random tokenized samples; labels mask a prompt prefix with -100 like SFT data."""
     rng = np.random.default_rng(seed)
     lengths = np.maximum(1, np.round(rng.lognormal(np.log(median), 0.8, n))).astype(int)

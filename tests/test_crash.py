@@ -50,9 +50,26 @@ def _default_sigint() -> None:
 
 def start(inputs: Path, out: Path, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "packer.cli", "pack", str(inputs), "-o", str(out),
-         "--max-len", MAX_LEN, "--shard-rows", SHARD_ROWS, "--json", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+        [
+            sys.executable,
+            "-m",
+            "packer.cli",
+            "pack",
+            str(inputs),
+            "-o",
+            str(out),
+            "--max-len",
+            MAX_LEN,
+            "--shard-rows",
+            SHARD_ROWS,
+            "--json",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
 
 
 def run(inputs: Path, out: Path, *extra: str) -> dict:
@@ -75,8 +92,9 @@ def temp_dirs(parent: Path) -> list[Path]:
 
 def input_open(pid: int, path: Path) -> bool:
     try:
-        return any(os.readlink(f"/proc/{pid}/fd/{fd}") == str(path)
-                   for fd in os.listdir(f"/proc/{pid}/fd"))
+        return any(
+            os.readlink(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd")
+        )
     except OSError:
         return False
 
@@ -100,6 +118,7 @@ def kill_point(name: str, proc: subprocess.Popen, out: Path, inputs: Path) -> bo
     def shards_in_tmp(n: int):
         def cond():
             return any(len(list(t.glob("shard-*.arrow"))) >= n for t in temp_dirs(parent))
+
         return cond
 
     if name == "startup":
@@ -117,13 +136,21 @@ def kill_point(name: str, proc: subprocess.Popen, out: Path, inputs: Path) -> bo
     if name == "half-the-shards":
         return wait_for(proc, shards_in_tmp(15))
     if name == "manifest-written":  # the last file before the swap
-        return wait_for(proc, lambda: any((t / "manifest.json").exists()
-                                          for t in temp_dirs(parent)))
+        return wait_for(
+            proc, lambda: any((t / "manifest.json").exists() for t in temp_dirs(parent))
+        )
     raise ValueError(name)
 
 
-KILL_POINTS = ["startup", "reading", "planning", "temp-dir-created", "first-shard",
-               "half-the-shards", "manifest-written"]
+KILL_POINTS = [
+    "startup",
+    "reading",
+    "planning",
+    "temp-dir-created",
+    "first-shard",
+    "half-the-shards",
+    "manifest-written",
+]
 
 
 def test_sigkill_at_any_moment_leaves_old_or_nothing(big_input, tmp_path):
@@ -172,8 +199,9 @@ def test_sigkill_at_any_moment_leaves_old_or_nothing(big_input, tmp_path):
     print("kill points:", json.dumps({f"{a}/{b}": v for (a, b), v in observed.items()}))
 
 
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
-                         ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"]
+)
 @pytest.mark.parametrize("point", ["reading", "first-shard"])
 def test_interrupt_stops_cleanly(big_input, tmp_path, signum, code, point):
     out = tmp_path / "out"
@@ -195,14 +223,30 @@ def test_write_limit_is_a_clean_error(tmp_path):
 
     from conftest import make_samples, write_parquet
 
-    data = write_parquet(tmp_path / "d.parquet", make_samples(4000, seed=2, median=200,
-                                                              max_len=1000))
+    data = write_parquet(
+        tmp_path / "d.parquet", make_samples(4000, seed=2, median=200, max_len=1000)
+    )
     out = tmp_path / "out"
     # warm numba's on-disk JIT cache first: on a fresh checkout its cache files are written
     # at the first run, and the file-size limit below is meant for the shards alone
     warm = subprocess.run(
-        [sys.executable, "-m", "packer.cli", "pack", str(data), "-o", str(tmp_path / "warm"),
-         "-L", "1024", "--shard-rows", "100"], capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "packer.cli",
+            "pack",
+            str(data),
+            "-o",
+            str(tmp_path / "warm"),
+            "-L",
+            "1024",
+            "--shard-rows",
+            "100",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert warm.returncode == 0, warm.stderr
 
     def limit():
@@ -210,9 +254,24 @@ def test_write_limit_is_a_clean_error(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
 
     proc = subprocess.run(
-        [sys.executable, "-m", "packer.cli", "pack", str(data), "-o", str(out), "-L", "1024",
-         "--shard-rows", "100"],
-        capture_output=True, text=True, preexec_fn=limit, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "packer.cli",
+            "pack",
+            str(data),
+            "-o",
+            str(out),
+            "-L",
+            "1024",
+            "--shard-rows",
+            "100",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stderr
     line = proc.stderr.strip()
     assert line.startswith(f"error: {out}: cannot write the output: File too large"), line

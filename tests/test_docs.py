@@ -39,7 +39,8 @@ def test_readme_documents_every_option(name):
             documented.update(opt.split("/"))
     assert documented == cli_options(name), (
         f"README table for `packer {name}` is out of date: missing "
-        f"{sorted(cli_options(name) - documented)}, stale {sorted(documented - cli_options(name))}")
+        f"{sorted(cli_options(name) - documented)}, stale {sorted(documented - cli_options(name))}"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -44,110 +44,266 @@ def parquet_of(path: Path, columns: dict) -> Path:
 def _cases():
     ids = pa.list_(pa.int32())
     return {
-        "malformed-json": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1, 2')], [], 1,
-                           ["a.jsonl: line 3", "malformed JSON"]),
+        "malformed-json": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1, 2')],
+            [],
+            1,
+            ["a.jsonl: line 3", "malformed JSON"],
+        ),
         "malformed-json-blank-lines-counted": (
-            lambda d: [jsonl_lines(d / "a.jsonl", [json.dumps(GOOD), "", "  ", "{oops"])], [], 1,
-            ["a.jsonl: line 4", "malformed JSON"]),
-        "not-an-object": (lambda d: [good_then(d / "a.jsonl", "[1, 2, 3]")], [], 1,
-                          ["line 3", "expected a JSON object"]),
-        "not-utf8": (lambda d: [(d / "a.jsonl").write_bytes(
-            b'{"input_ids": [1]}\n{"input_ids": [2, \xff]}\n') and d / "a.jsonl"],
-            [], 1, ["line 2", "not UTF-8"]),
-        "ids-not-a-list": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": "1 2 3"}')], [], 1,
-                           ["line 3", "'input_ids' must be a list of integers, got str"]),
-        "ids-float": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1, 2.5]}')], [], 1,
-                      ["line 3", "'input_ids'[1] is 2.5, not an integer"]),
-        "ids-bool": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [true]}')], [], 1,
-                     ["line 3", "'input_ids'[0] is true, not an integer"]),
-        "ids-null-element": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [4, null]}')],
-                             [], 1, ["line 3", "'input_ids'[1] is null"]),
-        "ids-nested": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [[1]]}')], [], 1,
-                       ["line 3", "not an integer"]),
-        "negative-id": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [5, -1]}')], [], 1,
-                        ["line 3", "'input_ids'[1] = -1 is a negative token id"]),
-        "id-over-int32": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [2147483648]}')],
-                          [], 1, ["line 3", "2147483648 does not fit a 32-bit token id"]),
-        "id-over-int64": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1' + "0" * 25 + "]}")],
-                          [], 1, ["line 3", "does not fit a 32-bit token id"]),
-        "empty-sample": (lambda d: [good_then(d / "a.jsonl", '{"input_ids": []}')], [], 1,
-                         ["line 3", "empty sample"]),
-        "labels-length": (lambda d: [good_then(d / "a.jsonl",
-                                               '{"input_ids": [1, 2], "labels": [1]}')], [], 1,
-                          ["line 3", "'labels' has 1 entries but 'input_ids' has 2"]),
-        "negative-label": (lambda d: [good_then(d / "a.jsonl",
-                                                '{"input_ids": [1, 2], "labels": [-100, -5]}')],
-                           [], 1, ["line 3", "'labels'[1] = -5 is a negative label"]),
-        "labels-missing-in-one-sample": (lambda d: [good_then(d / "a.jsonl",
-                                                              '{"input_ids": [1, 2]}')], [], 1,
-                                         ["line 3", "no 'labels' in this sample"]),
-        "ids-missing-in-one-sample": (lambda d: [good_then(d / "a.jsonl", '{"tokens": [1, 2]}')],
-                                      [], 1, ["line 3", "no 'input_ids' in this sample"]),
-        "ids-column-missing-jsonl": (lambda d: [jsonl_lines(d / "a.jsonl", ['{"tokens": [1]}'] * 3)],
-                                     [], 1, ["a.jsonl", "no sample has 'input_ids'"]),
+            lambda d: [jsonl_lines(d / "a.jsonl", [json.dumps(GOOD), "", "  ", "{oops"])],
+            [],
+            1,
+            ["a.jsonl: line 4", "malformed JSON"],
+        ),
+        "not-an-object": (
+            lambda d: [good_then(d / "a.jsonl", "[1, 2, 3]")],
+            [],
+            1,
+            ["line 3", "expected a JSON object"],
+        ),
+        "not-utf8": (
+            lambda d: [
+                (d / "a.jsonl").write_bytes(b'{"input_ids": [1]}\n{"input_ids": [2, \xff]}\n')
+                and d / "a.jsonl"
+            ],
+            [],
+            1,
+            ["line 2", "not UTF-8"],
+        ),
+        "ids-not-a-list": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": "1 2 3"}')],
+            [],
+            1,
+            ["line 3", "'input_ids' must be a list of integers, got str"],
+        ),
+        "ids-float": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1, 2.5]}')],
+            [],
+            1,
+            ["line 3", "'input_ids'[1] is 2.5, not an integer"],
+        ),
+        "ids-bool": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [true]}')],
+            [],
+            1,
+            ["line 3", "'input_ids'[0] is true, not an integer"],
+        ),
+        "ids-null-element": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [4, null]}')],
+            [],
+            1,
+            ["line 3", "'input_ids'[1] is null"],
+        ),
+        "ids-nested": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [[1]]}')],
+            [],
+            1,
+            ["line 3", "not an integer"],
+        ),
+        "negative-id": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [5, -1]}')],
+            [],
+            1,
+            ["line 3", "'input_ids'[1] = -1 is a negative token id"],
+        ),
+        "id-over-int32": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [2147483648]}')],
+            [],
+            1,
+            ["line 3", "2147483648 does not fit a 32-bit token id"],
+        ),
+        "id-over-int64": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1' + "0" * 25 + "]}")],
+            [],
+            1,
+            ["line 3", "does not fit a 32-bit token id"],
+        ),
+        "empty-sample": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": []}')],
+            [],
+            1,
+            ["line 3", "empty sample"],
+        ),
+        "labels-length": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1, 2], "labels": [1]}')],
+            [],
+            1,
+            ["line 3", "'labels' has 1 entries but 'input_ids' has 2"],
+        ),
+        "negative-label": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1, 2], "labels": [-100, -5]}')],
+            [],
+            1,
+            ["line 3", "'labels'[1] = -5 is a negative label"],
+        ),
+        "labels-missing-in-one-sample": (
+            lambda d: [good_then(d / "a.jsonl", '{"input_ids": [1, 2]}')],
+            [],
+            1,
+            ["line 3", "no 'labels' in this sample"],
+        ),
+        "ids-missing-in-one-sample": (
+            lambda d: [good_then(d / "a.jsonl", '{"tokens": [1, 2]}')],
+            [],
+            1,
+            ["line 3", "no 'input_ids' in this sample"],
+        ),
+        "ids-column-missing-jsonl": (
+            lambda d: [jsonl_lines(d / "a.jsonl", ['{"tokens": [1]}'] * 3)],
+            [],
+            1,
+            ["a.jsonl", "no sample has 'input_ids'"],
+        ),
         "ids-column-missing-parquet": (
-            lambda d: [parquet_of(d / "a.parquet", {"tokens": pa.array([[1, 2]], ids)})], [], 1,
-            ["a.parquet", "no 'input_ids' column"]),
+            lambda d: [parquet_of(d / "a.parquet", {"tokens": pa.array([[1, 2]], ids)})],
+            [],
+            1,
+            ["a.parquet", "no 'input_ids' column"],
+        ),
         "ids-wrong-type-parquet": (
-            lambda d: [parquet_of(d / "a.parquet", {"input_ids": pa.array([[1.5]])})], [], 1,
-            ["a.parquet", "expected a list of integers"]),
+            lambda d: [parquet_of(d / "a.parquet", {"input_ids": pa.array([[1.5]])})],
+            [],
+            1,
+            ["a.parquet", "expected a list of integers"],
+        ),
         "negative-id-parquet": (
             lambda d: [parquet_of(d / "a.parquet", {"input_ids": pa.array([[1], [2, -7]], ids)})],
-            [], 1, ["a.parquet: row 1", "negative token id"]),
+            [],
+            1,
+            ["a.parquet: row 1", "negative token id"],
+        ),
         "empty-sample-parquet": (
             lambda d: [parquet_of(d / "a.parquet", {"input_ids": pa.array([[1], [2], []], ids)})],
-            [], 1, ["a.parquet: row 2", "empty sample"]),
+            [],
+            1,
+            ["a.parquet: row 2", "empty sample"],
+        ),
         "null-sample-parquet": (
             lambda d: [parquet_of(d / "a.parquet", {"input_ids": pa.array([[1], None], ids)})],
-            [], 1, ["a.parquet: row 1", "no 'input_ids' in this sample"]),
+            [],
+            1,
+            ["a.parquet: row 1", "no 'input_ids' in this sample"],
+        ),
         "id-over-int32-parquet": (
-            lambda d: [parquet_of(d / "a.parquet",
-                                  {"input_ids": pa.array([[1], [2**40]], pa.list_(pa.int64()))})],
-            [], 1, ["a.parquet: row 1", "does not fit a 32-bit"]),
+            lambda d: [
+                parquet_of(
+                    d / "a.parquet", {"input_ids": pa.array([[1], [2**40]], pa.list_(pa.int64()))}
+                )
+            ],
+            [],
+            1,
+            ["a.parquet: row 1", "does not fit a 32-bit"],
+        ),
         "negative-id-arrow": (
             lambda d: [write_arrow(d / "a.arrow", [{"input_ids": [1]}, {"input_ids": [-3]}])],
-            [], 1, ["a.arrow: row 1", "negative token id"]),
+            [],
+            1,
+            ["a.arrow: row 1", "negative token id"],
+        ),
         "parquet-schemas-clash-labels": (
-            lambda d: [write_parquet(d / "a.parquet", make_samples(5, with_labels=True)),
-                       write_parquet(d / "b.parquet", make_samples(5, with_labels=False))],
-            [], 1, ["mixed schemas", "a.parquet", "b.parquet"]),
+            lambda d: [
+                write_parquet(d / "a.parquet", make_samples(5, with_labels=True)),
+                write_parquet(d / "b.parquet", make_samples(5, with_labels=False)),
+            ],
+            [],
+            1,
+            ["mixed schemas", "a.parquet", "b.parquet"],
+        ),
         "parquet-schemas-clash-types": (
-            lambda d: [write_parquet(d / "a.parquet", make_samples(5, with_labels=False)),
-                       parquet_of(d / "b.parquet", {"input_ids": pa.array([["x"]])})],
-            [], 1, ["b.parquet", "expected a list of integers"]),
-        "empty-dataset": (lambda d: [jsonl_lines(d / "a.jsonl", [])], [], 1,
-                          ["the dataset is empty"]),
-        "empty-dataset-blank-lines": (lambda d: [jsonl_lines(d / "a.jsonl", ["", " "])], [], 1,
-                                      ["the dataset is empty"]),
-        "missing-input": (lambda d: [d / "nope.jsonl"], [], 1,
-                          ["nope.jsonl", "no such file"]),
-        "input-is-a-directory-named-jsonl": (lambda d: [(d / "x.jsonl").mkdir() or d / "x.jsonl"],
-                                             [], 1, ["x.jsonl", "no .jsonl"]),
-        "unknown-file-type": (lambda d: [jsonl_lines(d / "a.txt", [json.dumps(GOOD)])], [], 1,
-                              ["a.txt", "unknown file type"]),
-        "truncated-gzip": (lambda d: [_truncated_gzip(d / "a.jsonl.gz")], [], 1,
-                           ["a.jsonl.gz", "cannot read"]),
-        "corrupt-parquet": (lambda d: [(d / "a.parquet").write_bytes(b"PAR1 not really")
-                                       and d / "a.parquet"], [], 1,
-                            ["a.parquet", "cannot read Parquet"]),
-        "max-len-zero": (lambda d: [good_then(d / "a.jsonl")], ["--max-len", "0"], 2,
-                         ["--max-len must be an integer of at least 1"]),
-        "max-len-negative": (lambda d: [good_then(d / "a.jsonl")], ["--max-len", "-4"], 2,
-                             ["--max-len must be an integer of at least 1"]),
-        "bad-on-error": (lambda d: [good_then(d / "a.jsonl")], ["--on-error", "ignore"], 2,
-                         ["unknown --on-error 'ignore'"]),
-        "config-bad-yaml": (lambda d: [good_then(d / "a.jsonl")],
-                            ["--config", "{cfg}"], 2, ["c.yaml: line 1", "invalid YAML"]),
-        "config-unknown-option": (lambda d: [good_then(d / "a.jsonl")],
-                                  ["--config", "{cfg_unknown}"], 2,
-                                  ["c2.yaml", "unknown option 'max_length'"]),
-        "config-wrong-type": (lambda d: [good_then(d / "a.jsonl")],
-                              ["--config", "{cfg_type}"], 2,
-                              ["c3.yaml", "option 'max_len' must be int"]),
-        "config-missing-file": (lambda d: [good_then(d / "a.jsonl")],
-                                ["--config", "{nocfg}"], 2, ["none.yaml", "cannot read config"]),
-        "output-is-a-file": (lambda d: [good_then(d / "a.jsonl")], ["--output", "{file_out}"], 2,
-                             ["exists and is not a directory"]),
+            lambda d: [
+                write_parquet(d / "a.parquet", make_samples(5, with_labels=False)),
+                parquet_of(d / "b.parquet", {"input_ids": pa.array([["x"]])}),
+            ],
+            [],
+            1,
+            ["b.parquet", "expected a list of integers"],
+        ),
+        "empty-dataset": (
+            lambda d: [jsonl_lines(d / "a.jsonl", [])],
+            [],
+            1,
+            ["the dataset is empty"],
+        ),
+        "empty-dataset-blank-lines": (
+            lambda d: [jsonl_lines(d / "a.jsonl", ["", " "])],
+            [],
+            1,
+            ["the dataset is empty"],
+        ),
+        "missing-input": (lambda d: [d / "nope.jsonl"], [], 1, ["nope.jsonl", "no such file"]),
+        "input-is-a-directory-named-jsonl": (
+            lambda d: [(d / "x.jsonl").mkdir() or d / "x.jsonl"],
+            [],
+            1,
+            ["x.jsonl", "no .jsonl"],
+        ),
+        "unknown-file-type": (
+            lambda d: [jsonl_lines(d / "a.txt", [json.dumps(GOOD)])],
+            [],
+            1,
+            ["a.txt", "unknown file type"],
+        ),
+        "truncated-gzip": (
+            lambda d: [_truncated_gzip(d / "a.jsonl.gz")],
+            [],
+            1,
+            ["a.jsonl.gz", "cannot read"],
+        ),
+        "corrupt-parquet": (
+            lambda d: [(d / "a.parquet").write_bytes(b"PAR1 not really") and d / "a.parquet"],
+            [],
+            1,
+            ["a.parquet", "cannot read Parquet"],
+        ),
+        "max-len-zero": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--max-len", "0"],
+            2,
+            ["--max-len must be an integer of at least 1"],
+        ),
+        "max-len-negative": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--max-len", "-4"],
+            2,
+            ["--max-len must be an integer of at least 1"],
+        ),
+        "bad-on-error": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--on-error", "ignore"],
+            2,
+            ["unknown --on-error 'ignore'"],
+        ),
+        "config-bad-yaml": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--config", "{cfg}"],
+            2,
+            ["c.yaml: line 1", "invalid YAML"],
+        ),
+        "config-unknown-option": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--config", "{cfg_unknown}"],
+            2,
+            ["c2.yaml", "unknown option 'max_length'"],
+        ),
+        "config-wrong-type": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--config", "{cfg_type}"],
+            2,
+            ["c3.yaml", "option 'max_len' must be int"],
+        ),
+        "config-missing-file": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--config", "{nocfg}"],
+            2,
+            ["none.yaml", "cannot read config"],
+        ),
+        "output-is-a-file": (
+            lambda d: [good_then(d / "a.jsonl")],
+            ["--output", "{file_out}"],
+            2,
+            ["exists and is not a directory"],
+        ),
     }
 
 
@@ -165,8 +321,13 @@ def _prepare_options(tmp: Path, extra: list[str]) -> list[str]:
     (tmp / "c2.yaml").write_text("max_length: 16\n")
     (tmp / "c3.yaml").write_text("max_len: sixteen\n")
     (tmp / "file_out").write_text("not a directory\n")
-    names = {"cfg": tmp / "c.yaml", "cfg_unknown": tmp / "c2.yaml", "cfg_type": tmp / "c3.yaml",
-             "nocfg": tmp / "none.yaml", "file_out": tmp / "file_out"}
+    names = {
+        "cfg": tmp / "c.yaml",
+        "cfg_unknown": tmp / "c2.yaml",
+        "cfg_type": tmp / "c3.yaml",
+        "nocfg": tmp / "none.yaml",
+        "file_out": tmp / "file_out",
+    }
     return [a.format(**names) if a.startswith("{") else a for a in extra]
 
 
@@ -202,20 +363,29 @@ def test_debug_shows_the_exception(runner, tmp_path):
     from packer.cli import app
 
     path = good_then(tmp_path / "a.jsonl", '{"input_ids": [-1]}')
-    result = runner.invoke(app, ["pack", str(path), "-o", str(tmp_path / "o"), "-L", "8",
-                                 "--debug"])
+    result = runner.invoke(
+        app, ["pack", str(path), "-o", str(tmp_path / "o"), "-L", "8", "--debug"]
+    )
     assert isinstance(result.exception, InputError)
     assert result.exception.where == f"{path}: line 3"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["pack", "{path}", "-o", "{out}", "-L", "8", "--frobnicate"],
-     "error: No such option: --frobnicate (see 'python -m packer pack --help')"),
-    (["pack", "-o", "{out}"], "error: Missing argument 'INPUT...'. (see 'python -m packer pack "
-     "--help')"),
-    (["pack", "{path}", "-o", "{out}", "-L", "eight"], "error: Invalid value for '--max-len'"),
-    (["frobnicate"], "error: No such command 'frobnicate'. (see 'python -m packer --help')"),
-], ids=["unknown-flag", "missing-input", "not-an-integer", "unknown-command"])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["pack", "{path}", "-o", "{out}", "-L", "8", "--frobnicate"],
+            "error: No such option: --frobnicate (see 'python -m packer pack --help')",
+        ),
+        (
+            ["pack", "-o", "{out}"],
+            "error: Missing argument 'INPUT...'. (see 'python -m packer pack --help')",
+        ),
+        (["pack", "{path}", "-o", "{out}", "-L", "eight"], "error: Invalid value for '--max-len'"),
+        (["frobnicate"], "error: No such command 'frobnicate'. (see 'python -m packer --help')"),
+    ],
+    ids=["unknown-flag", "missing-input", "not-an-integer", "unknown-command"],
+)
 def test_command_line_mistakes_are_one_line(tmp_path, args, message):
     """The installed command (not typer's test runner): one `error:` line, exit code 2."""
     import subprocess
@@ -223,8 +393,9 @@ def test_command_line_mistakes_are_one_line(tmp_path, args, message):
 
     path = good_then(tmp_path / "a.jsonl")
     argv = [a.format(path=path, out=tmp_path / "o") for a in args]
-    proc = subprocess.run([sys.executable, "-m", "packer", *argv], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "packer", *argv], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert proc.stderr.startswith(message), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and proc.stdout == ""
@@ -296,8 +467,13 @@ def test_skip_packs_the_valid_samples_and_lists_the_rest(cli, tmp_path):
     rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
     assert [(r["line"], r["sample_index"], r["reason"]) for r in rejects[:-1]] == expected_rejects
     assert all(r["file"] == str(jsonl) and r["message"] for r in rejects[:-1])
-    assert rejects[-1] == {"file": str(pq_path), "row": 2, "sample_index": len(samples) + 2,
-                           "reason": "empty", "message": "empty sample: 'input_ids' is []"}
+    assert rejects[-1] == {
+        "file": str(pq_path),
+        "row": 2,
+        "sample_index": len(samples) + 2,
+        "reason": "empty",
+        "message": "empty sample: 'input_ids' is []",
+    }
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["stats"]["rejected_by_reason"] == report["rejected_by_reason"]
@@ -315,7 +491,7 @@ def test_skip_packs_the_valid_samples_and_lists_the_rest(cli, tmp_path):
     seen = {}
     for ids, cu, sidx in zip(table["input_ids"], table["cu_seqlens"], table["sample_index"]):
         for k, s in enumerate(sidx):
-            seen[s] = ids[cu[k]:cu[k + 1]]
+            seen[s] = ids[cu[k] : cu[k + 1]]
     valid = {i: s["input_ids"] for i, s in enumerate(all_samples) if s and s["input_ids"]}
     assert seen == valid
 
@@ -399,8 +575,12 @@ def test_stale_old_output_is_restored_by_the_next_run(cli, tmp_path, dataset, pr
     import sys
 
     out, before = previous
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     hidden = tmp_path / f".out{output_mod.OLD_MARK}{dead.stdout.strip()}-deadbeef"
     out.rename(hidden)
     output_mod.remove_stale(out)
@@ -409,8 +589,9 @@ def test_stale_old_output_is_restored_by_the_next_run(cli, tmp_path, dataset, pr
 
 
 @pytest.mark.parametrize("with_previous", [False, True])
-def test_full_disk_while_writing_shards(cli, tmp_path, dataset, previous, monkeypatch,
-                                        with_previous):
+def test_full_disk_while_writing_shards(
+    cli, tmp_path, dataset, previous, monkeypatch, with_previous
+):
     import packer.shards
 
     out, before = previous

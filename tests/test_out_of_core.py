@@ -39,8 +39,9 @@ def test_out_of_core_gives_the_same_bytes(tmp_path, overlength):
     inputs = _inputs(tmp_path)
     cfg = packer.PackConfig(max_len=128, overlength=overlength, shard_rows=9)
     mem = packer.pack(inputs, tmp_path / "mem", cfg, out_of_core=False)
-    ooc = packer.pack(inputs, tmp_path / "ooc", cfg, memory_budget="1MiB", out_of_core=True,
-                      workers=1)
+    ooc = packer.pack(
+        inputs, tmp_path / "ooc", cfg, memory_budget="1MiB", out_of_core=True, workers=1
+    )
     assert mem.timings["out_of_core"] == 0 and ooc.timings["out_of_core"] == 1
     assert len(mem.shards) > 5
     assert _files(tmp_path / "mem") == _files(tmp_path / "ooc")
@@ -63,8 +64,7 @@ def test_out_of_core_error_names_the_same_sample(tmp_path):
     messages = []
     for mode in (False, True):
         with pytest.raises(InputError) as info:
-            packer.pack(inputs, tmp_path / f"o{mode}", cfg, memory_budget="1MiB",
-                        out_of_core=mode)
+            packer.pack(inputs, tmp_path / f"o{mode}", cfg, memory_budget="1MiB", out_of_core=mode)
         messages.append(str(info.value))
     assert messages[0] == messages[1]
     assert "row 130" in messages[0]
@@ -75,8 +75,21 @@ def test_cli_memory_budget_streams_and_matches(cli, tmp_path):
     src = tmp_path / "big.parquet"
     pq.write_table(to_table(make_samples(3000, seed=5, median=60)), src, row_group_size=500)
     a = cli("pack", src, "-o", tmp_path / "a", "-L", "256", "--overlength", "split", "--json")
-    b = cli("pack", src, "-o", tmp_path / "b", "-L", "256", "--overlength", "split", "--json",
-            "--memory-budget", "1MiB", "--workers", "1")
+    b = cli(
+        "pack",
+        src,
+        "-o",
+        tmp_path / "b",
+        "-L",
+        "256",
+        "--overlength",
+        "split",
+        "--json",
+        "--memory-budget",
+        "1MiB",
+        "--workers",
+        "1",
+    )
     assert a.exit_code == 0 and b.exit_code == 0, (a.stderr, b.stderr)
     assert json.loads(a.stdout)["timings"]["out_of_core"] == 0
     assert json.loads(b.stdout)["timings"]["out_of_core"] == 1

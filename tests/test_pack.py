@@ -21,8 +21,14 @@ import packer
 from packer.samples import IGNORE_INDEX
 
 
-def check_output(out: Path, samples: list[dict], max_len: int, overlength: str = "error",
-                 pad: bool = False, pad_id: int = 0) -> dict:
+def check_output(
+    out: Path,
+    samples: list[dict],
+    max_len: int,
+    overlength: str = "error",
+    pad: bool = False,
+    pad_id: int = 0,
+) -> dict:
     """Check every row of an output against the source samples in plain Python."""
     manifest = json.loads((out / "manifest.json").read_text())
     table = read_shards(out).to_pydict()
@@ -51,10 +57,10 @@ def check_output(out: Path, samples: list[dict], max_len: int, overlength: str =
                 assert labels[a:b] == [IGNORE_INDEX] * (b - a)
                 continue
             src = samples[sidx[k]]
-            src_ids = src["input_ids"][soff[k]: soff[k] + (b - a)]
+            src_ids = src["input_ids"][soff[k] : soff[k] + (b - a)]
             assert ids[a:b] == src_ids, "tokens equal the source tokens"
-            src_labels = src.get("labels", src["input_ids"])[soff[k]: soff[k] + (b - a)]
-            assert labels[a + 1:b] == src_labels[1:], "labels are the source's, first masked"
+            src_labels = src.get("labels", src["input_ids"])[soff[k] : soff[k] + (b - a)]
+            assert labels[a + 1 : b] == src_labels[1:], "labels are the source's, first masked"
             seen.setdefault(sidx[k], []).append((soff[k], ids[a:b], labels[a:b]))
         loss = sum(1 for x in labels if x != IGNORE_INDEX)
         assert table["num_loss_tokens"][r] == loss
@@ -130,7 +136,10 @@ def test_directory_and_glob_of_shards_keep_global_order(tmp_path, cli, samples):
         assert result.exit_code == 0, result.output
         manifest = check_output(out, samples, 512, "split")
         assert [Path(x["path"]).name for x in manifest["inputs"]] == [
-            "part-0.jsonl", "part-1.parquet", "part-2.parquet"]
+            "part-0.jsonl",
+            "part-1.parquet",
+            "part-2.parquet",
+        ]
         assert [x["first_index"] for x in manifest["inputs"]] == [0, 100, 200]
 
 
@@ -148,7 +157,9 @@ def test_overlength_policies_count_every_sample(tmp_path, cli, overlength):
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     check_output(out, samples, 64, overlength)
-    assert report[{"drop": "dropped", "truncate": "truncated", "split": "split"}[overlength]] == long
+    assert (
+        report[{"drop": "dropped", "truncate": "truncated", "split": "split"}[overlength]] == long
+    )
     assert report["samples_in"] == 120
 
 
@@ -171,14 +182,18 @@ def test_samples_without_labels_use_input_ids(tmp_path, cli):
     manifest = check_output(out, samples, 128, "split")
     assert manifest["inputs"][0]["has_labels"] is False
     # every token but the first of each sample is a target
-    assert manifest["stats"]["loss_tokens"] == manifest["stats"]["tokens"] - manifest["stats"]["segments"]
+    assert (
+        manifest["stats"]["loss_tokens"]
+        == manifest["stats"]["tokens"] - manifest["stats"]["segments"]
+    )
 
 
 def test_padding_is_a_final_segment(tmp_path, cli, samples):
     src = write_jsonl(tmp_path / "d.jsonl", samples)
     out = tmp_path / "out"
-    result = cli("pack", src, "-o", out, "-L", 200, "--overlength", "split", "--pad",
-                 "--pad-id", 7, "--json")
+    result = cli(
+        "pack", src, "-o", out, "-L", 200, "--overlength", "split", "--pad", "--pad-id", 7, "--json"
+    )
     assert result.exit_code == 0, result.output
     manifest = check_output(out, samples, 200, "split", pad=True, pad_id=7)
     stats = manifest["stats"]
@@ -190,11 +205,24 @@ def test_json_report_fields(tmp_path, cli, samples):
     result = cli("pack", src, "-o", tmp_path / "out", "-L", 256, "--overlength", "split", "--json")
     assert result.exit_code == 0
     report = json.loads(result.stdout)
-    for key in ["samples_in", "samples_packed", "dropped", "truncated", "split", "tokens", "rows",
-                "lower_bound", "efficiency", "seconds", "shards"]:
+    for key in [
+        "samples_in",
+        "samples_packed",
+        "dropped",
+        "truncated",
+        "split",
+        "tokens",
+        "rows",
+        "lower_bound",
+        "efficiency",
+        "seconds",
+        "shards",
+    ]:
         assert key in report
     assert 0.9 < report["efficiency"] <= 1.0
-    assert report["efficiency"] == pytest.approx(report["tokens"] / (report["rows"] * 256), abs=1e-6)
+    assert report["efficiency"] == pytest.approx(
+        report["tokens"] / (report["rows"] * 256), abs=1e-6
+    )
 
 
 def test_human_report_goes_to_stderr(tmp_path, cli, samples):
@@ -233,8 +261,20 @@ def test_hash_sha256(tmp_path, cli, samples):
 
     src = write_jsonl(tmp_path / "in.jsonl", samples)
     out = tmp_path / "out"
-    result = cli("pack", str(src), "-o", str(out), "-L", "64", "--overlength", "split",
-                 "--shard-rows", "10", "--hash", "sha256")
+    result = cli(
+        "pack",
+        str(src),
+        "-o",
+        str(out),
+        "-L",
+        "64",
+        "--overlength",
+        "split",
+        "--shard-rows",
+        "10",
+        "--hash",
+        "sha256",
+    )
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["hash"] == "sha256"
@@ -263,8 +303,12 @@ def test_shards_load_with_datasets(tmp_path, cli, samples):
     datasets = pytest.importorskip("datasets")
     src = write_jsonl(tmp_path / "d.jsonl", samples)
     out = tmp_path / "out"
-    assert cli("pack", src, "-o", out, "-L", 128, "--overlength", "split",
-               "--shard-rows", 20).exit_code == 0
+    assert (
+        cli(
+            "pack", src, "-o", out, "-L", 128, "--overlength", "split", "--shard-rows", 20
+        ).exit_code
+        == 0
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     files = [str(out / s["file"]) for s in manifest["shards"]]
     first = datasets.Dataset.from_file(files[0])
@@ -306,8 +350,10 @@ def test_existing_output_needs_overwrite(tmp_path, cli, samples):
     result = cli("pack", src, "-o", out, "-L", 128, "--overlength", "split")
     assert result.exit_code != 0 and "--overwrite" in result.stderr
     assert (out / "manifest.json").read_bytes() == before
-    assert cli("pack", src, "-o", out, "-L", 128, "--overlength", "split",
-               "--overwrite").exit_code == 0
+    assert (
+        cli("pack", src, "-o", out, "-L", 128, "--overlength", "split", "--overwrite").exit_code
+        == 0
+    )
     assert json.loads((out / "manifest.json").read_text())["config"]["max_len"] == 128
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
@@ -319,7 +365,8 @@ def test_library_api_matches_cli(tmp_path, cli):
     assert cli("pack", src, "-o", tmp_path / "cli", "-L", 256).exit_code == 0
     for shard in result.shards:
         assert (tmp_path / "lib" / shard["file"]).read_bytes() == (
-            tmp_path / "cli" / shard["file"]).read_bytes()
+            tmp_path / "cli" / shard["file"]
+        ).read_bytes()
     lengths = np.array([len(s["input_ids"]) for s in samples])
     assert packer.plan(lengths, 256).num_rows == result.stats["rows"]
     assert packer.lower_bound(lengths.sum(), 256) == result.stats["lower_bound"]
@@ -336,7 +383,17 @@ def test_missing_parent_directories_are_created(tmp_path, cli, samples):
 def test_skipped_samples_show_in_the_human_report(tmp_path, cli, samples):
     bad = samples[:10] + [{"input_ids": []}] + samples[10:]
     src = write_jsonl(tmp_path / "d.jsonl", bad)
-    result = cli("pack", src, "-o", tmp_path / "out", "-L", 256, "--overlength", "split",
-                 "--on-error", "skip")
+    result = cli(
+        "pack",
+        src,
+        "-o",
+        tmp_path / "out",
+        "-L",
+        256,
+        "--overlength",
+        "split",
+        "--on-error",
+        "skip",
+    )
     assert result.exit_code == 0, result.output
     assert "rejected: empty" in result.stderr

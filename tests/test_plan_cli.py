@@ -87,8 +87,9 @@ def test_pack_accepts_every_strategy_and_window(cli, tmp_path):
         assert report["window_cost"] == round(report["rows"] / report["global_rows"] - 1, 6)
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["stats"]["window_cost"] == report["window_cost"]
-    table = cli("pack", path, "-L", 256, "--strategy", "nf", "--window", 40, "-o",
-                tmp_path / "table")
+    table = cli(
+        "pack", path, "-L", 256, "--strategy", "nf", "--window", 40, "-o", tmp_path / "table"
+    )
     assert "rows of one global plan" in table.stderr and "window cost" in table.stderr
     plain = cli("pack", path, "-L", 256, "-o", tmp_path / "plain", "--json")
     assert "global_rows" not in json.loads(plain.stdout)

@@ -22,16 +22,19 @@ printable = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size
 broken_line = st.one_of(
     valid_line.flatmap(lambda s: st.integers(1, len(s) - 1).map(lambda k: s[:k])),  # truncated
     st.lists(st.integers(-(2**70), -1), min_size=1, max_size=3).map(
-        lambda x: json.dumps({"input_ids": [1, *x]})),  # negative ids
+        lambda x: json.dumps({"input_ids": [1, *x]})
+    ),  # negative ids
     st.lists(st.integers(2**31, 2**70), min_size=1, max_size=3).map(
-        lambda x: json.dumps({"input_ids": x})),  # too large
+        lambda x: json.dumps({"input_ids": x})
+    ),  # too large
     st.just('{"input_ids": []}'),
     st.just('{"input_ids": null}'),
     st.just('{"other": [1, 2]}'),
     st.just("[1, 2, 3]"),
     st.just('{"input_ids": [1, null]}'),
     st.floats(allow_nan=False, allow_infinity=False).map(
-        lambda f: json.dumps({"input_ids": [1, f]})),
+        lambda f: json.dumps({"input_ids": [1, f]})
+    ),
     printable.map(lambda t: json.dumps({"input_ids": t})),  # a string, not a list
     st.just('{"input_ids": [true]}'),
     st.just('{"input_ids": [[1]]}'),
@@ -53,8 +56,13 @@ def reference(lines: list[str]) -> tuple[list[tuple[int, list[int] | None]], int
             obj = None
         if isinstance(obj, dict):
             v = obj.get("input_ids")
-            if isinstance(v, list) and v and all(
-                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31 for x in v):
+            if (
+                isinstance(v, list)
+                and v
+                and all(
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**31 for x in v
+                )
+            ):
                 ok = v
         out.append((n, ok))
         if ok is None and first_bad is None:
@@ -62,7 +70,9 @@ def reference(lines: list[str]) -> tuple[list[tuple[int, list[int] | None]], int
     return out, first_bad
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(lines=st.lists(line, max_size=25), on_error=st.sampled_from(["error", "skip"]))
 def test_reader_packs_valid_samples_or_fails_cleanly(tmp_path, lines, on_error):
     path = tmp_path / "fuzz.jsonl"
@@ -100,8 +110,9 @@ def test_compressed_file_with_a_broken_line(tmp_path, compress):
     from conftest import write_jsonl
 
     samples = [{"input_ids": [i + 1] * (i + 1)} for i in range(50)]
-    path = write_jsonl(tmp_path / f"a.jsonl.{'gz' if compress == 'gzip' else 'zst'}", samples,
-                       compress=compress)
+    path = write_jsonl(
+        tmp_path / f"a.jsonl.{'gz' if compress == 'gzip' else 'zst'}", samples, compress=compress
+    )
     import gzip
 
     import pyarrow as pa

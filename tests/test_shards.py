@@ -16,9 +16,11 @@ def test_workers_do_not_change_the_output(tmp_path):
     assert one.shards == two.shards  # names, counts and hashes of every shard, in order
     for shard in one.shards:
         assert (tmp_path / "w1" / shard["file"]).read_bytes() == (
-            tmp_path / "w2" / shard["file"]).read_bytes()
+            tmp_path / "w2" / shard["file"]
+        ).read_bytes()
     assert (tmp_path / "w1" / "manifest.json").read_bytes() == (
-        tmp_path / "w2" / "manifest.json").read_bytes()
+        tmp_path / "w2" / "manifest.json"
+    ).read_bytes()
 
 
 def test_shards_of_several_record_batches(tmp_path, monkeypatch, cli):
@@ -41,21 +43,26 @@ def test_shards_of_several_record_batches(tmp_path, monkeypatch, cli):
         assert data == (tmp_path / "w2" / shard["file"]).read_bytes()
         batches = list(pa.ipc.open_stream(pa.py_buffer(data)))
         assert [b.num_rows for b in batches] == [2] * (shard["rows"] // 2) + [1] * (
-            shard["rows"] % 2)
+            shard["rows"] % 2
+        )
         assert sum(len(b.column("input_ids").values) for b in batches) == shard["tokens"]
     assert len(outs[1].shards) > 3
     # the same rows as shards of one batch each, through every reader
     assert read_shards(tmp_path / "w1").equals(read_shards(tmp_path / "whole"))
-    counts = [{k: v for k, v in s.items() if k not in ("bytes", "xxh3_128")}
-              for s in outs[1].shards]
-    assert counts == [{k: v for k, v in s.items() if k not in ("bytes", "xxh3_128")}
-                      for s in whole.shards]
+    counts = [
+        {k: v for k, v in s.items() if k not in ("bytes", "xxh3_128")} for s in outs[1].shards
+    ]
+    assert counts == [
+        {k: v for k, v in s.items() if k not in ("bytes", "xxh3_128")} for s in whole.shards
+    ]
     ours = PackedDataset(tmp_path / "w1")
     theirs = PackedDataset(tmp_path / "whole")
     assert len(ours) == len(theirs) == whole.stats["rows"]
     for i in range(0, len(ours), 7):
-        assert all((ours[i][k] == theirs[i][k]).all() for k in ("input_ids", "labels",
-                                                                  "position_ids", "cu_seqlens"))
+        assert all(
+            (ours[i][k] == theirs[i][k]).all()
+            for k in ("input_ids", "labels", "position_ids", "cu_seqlens")
+        )
     first = datasets.Dataset.from_file(str(tmp_path / "w1" / outs[1].shards[0]["file"]))
     assert first.num_rows == outs[1].shards[0]["rows"]
     assert cli("verify", str(tmp_path / "w1"), "--input", str(src)).exit_code == 0
@@ -80,8 +87,9 @@ def test_each_shard_is_flushed_and_released(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
     monkeypatch.setattr(packer.output, "commit", commit)
     src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=4, median=40))
-    result = packer.pack([src], tmp_path / "out", packer.PackConfig(max_len=128, overlength="split",
-                                                                        shard_rows=9))
+    result = packer.pack(
+        [src], tmp_path / "out", packer.PackConfig(max_len=128, overlength="split", shard_rows=9)
+    )
     drops = [e for e in events if e[0] == "drop"]
     assert [os.path.basename(p) for _, p, _ in drops] == [s["file"] for s in result.shards]
     assert all(advice == os.POSIX_FADV_DONTNEED for *_, advice in drops)

@@ -18,15 +18,39 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 # Signature adapters: torch 2.10 (is_causal=) and 2.11+ (window_size=) varlen_attn
 
 
-def fake_varlen_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
-                     is_causal=False, scale=None):
-    fake_varlen_2_10.calls.append({"cu_q": cu_seq_q, "cu_k": cu_seq_k, "max_q": max_q,
-                                   "max_k": max_k, "is_causal": is_causal})
+def fake_varlen_2_10(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    *,
+    return_aux=None,
+    is_causal=False,
+    scale=None,
+):
+    fake_varlen_2_10.calls.append(
+        {"cu_q": cu_seq_q, "cu_k": cu_seq_k, "max_q": max_q, "max_k": max_k, "is_causal": is_causal}
+    )
     return query
 
 
-def fake_varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
-                     scale=None, window_size=(-1, -1), enable_gqa=False):
+def fake_varlen_2_11(
+    query,
+    key,
+    value,
+    cu_seq_q,
+    cu_seq_k,
+    max_q,
+    max_k,
+    *,
+    return_aux=None,
+    scale=None,
+    window_size=(-1, -1),
+    enable_gqa=False,
+):
     fake_varlen_2_11.calls.append({"cu_q": cu_seq_q, "max_q": max_q, "window_size": window_size})
     return key
 
@@ -74,18 +98,41 @@ def test_installed_torch_varlen_signature_is_understood():
 def test_flash_attn_and_aten_adapters():
     seen = {}
 
-    def flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p=0.0,
-                               softmax_scale=None, causal=False, window_size=(-1, -1)):
-        seen.update(cu_q=cu_q, cu_k=cu_k, max_q=max_q, dropout_p=dropout_p, causal=causal,
-                    softmax_scale=softmax_scale)
+    def flash_attn_varlen_func(
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        dropout_p=0.0,
+        softmax_scale=None,
+        causal=False,
+        window_size=(-1, -1),
+    ):
+        seen.update(
+            cu_q=cu_q,
+            cu_k=cu_k,
+            max_q=max_q,
+            dropout_p=dropout_p,
+            causal=causal,
+            softmax_scale=softmax_scale,
+        )
         return v
 
     q = torch.zeros(3, 1, 8)
     cu = torch.tensor([0, 3], dtype=torch.int32)
     fwd, _ = A.make_flash_attn_forward(flash_attn_varlen_func)
     assert fwd(q, q, q + 1, cu, 3).sum() == 24
-    assert seen == {"cu_q": cu, "cu_k": cu, "max_q": 3, "dropout_p": 0.0, "causal": True,
-                    "softmax_scale": None}
+    assert seen == {
+        "cu_q": cu,
+        "cu_k": cu,
+        "max_q": 3,
+        "dropout_p": 0.0,
+        "causal": True,
+        "softmax_scale": None,
+    }
 
     def aten_op(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, is_causal, return_debug_mask):
         seen.update(aten=(dropout_p, is_causal, return_debug_mask))
@@ -152,7 +199,9 @@ def test_cpu_and_flex_match_per_sample_runs():
         assert (packed_cpu[a:b] - alone).abs().max() < 1e-5
         assert (packed_flex[a:b] - alone).abs().max() < 1e-5
     whole = torch.tensor([0, 40], dtype=torch.int32)
-    assert (cpu(q, k, v, whole, 40)[5:17] - A._reference(q[5:17], k[5:17], v[5:17])).abs().max() > 0.1
+    assert (
+        cpu(q, k, v, whole, 40)[5:17] - A._reference(q[5:17], k[5:17], v[5:17])
+    ).abs().max() > 0.1
 
 
 def test_qkv_is_seeded_and_token_derived():
@@ -188,10 +237,13 @@ def make_rows() -> list[A.RowInput]:
     rows = []
     for r, lengths in enumerate([[7, 9, 4], [12, 3]]):
         cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-        data = {"input_ids": rng.integers(0, 500, cu[-1]).astype(np.int32),
-                "position_ids": np.concatenate([np.arange(n) for n in lengths]).astype(np.int32),
-                "cu_seqlens": cu, "sample_index": np.arange(len(lengths)) + 10 * r,
-                "sample_offset": np.zeros(len(lengths), np.int32)}
+        data = {
+            "input_ids": rng.integers(0, 500, cu[-1]).astype(np.int32),
+            "position_ids": np.concatenate([np.arange(n) for n in lengths]).astype(np.int32),
+            "cu_seqlens": cu,
+            "sample_index": np.arange(len(lengths)) + 10 * r,
+            "sample_offset": np.zeros(len(lengths), np.int32),
+        }
         rows.append(A.RowInput("shard-00000.arrow", r, data))
     return rows
 
@@ -221,8 +273,10 @@ def test_leaking_kernel_fails_isolation():
     iso, ctl = run(ignores_cu_seqlens)
     assert not iso.ok and iso.failure_count == 3  # every sample after the first of each row
     msg = iso.failures[0].message
-    assert msg.startswith("shard-00000.arrow row 0, sample 1 (tokens 7..15): the packed fake "
-                          "forward differs from the sample run alone by")
+    assert msg.startswith(
+        "shard-00000.arrow row 0, sample 1 (tokens 7..15): the packed fake "
+        "forward differs from the sample run alone by"
+    )
     assert "attention crosses a sample boundary" in msg
 
 
@@ -236,9 +290,19 @@ def test_blind_check_fails_the_negative_control():
 
 
 def test_control_uses_joined_samples_when_no_row_has_two():
-    rows = [A.RowInput("s", i, {"input_ids": np.arange(8) + i, "position_ids": np.arange(8),
-                                "cu_seqlens": np.array([0, 8], np.int32),
-                                "sample_index": np.array([i]),
-                                "sample_offset": np.array([0], np.int32)}) for i in range(2)]
+    rows = [
+        A.RowInput(
+            "s",
+            i,
+            {
+                "input_ids": np.arange(8) + i,
+                "position_ids": np.arange(8),
+                "cu_seqlens": np.array([0, 8], np.int32),
+                "sample_index": np.array([i]),
+                "sample_offset": np.array([0], np.int32),
+            },
+        )
+        for i in range(2)
+    ]
     iso, ctl = run(A.make_cpu_forward()[0], "cpu", rows)
     assert ctl.ok and ctl.details["synthetic"] and ctl.details["min_leak"] > 0.1

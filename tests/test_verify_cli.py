@@ -33,8 +33,21 @@ def packed(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("verify")
     src = write_jsonl(root / "data.jsonl", make_samples(80, seed=3, median=30, vocab=500))
     out = root / "packed"
-    res = CliRunner().invoke(app, ["pack", str(src), "-o", str(out), "--max-len", str(MAX_LEN),
-                                   "--overlength", "split", "--shard-rows", "8"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "pack",
+            str(src),
+            "-o",
+            str(out),
+            "--max-len",
+            str(MAX_LEN),
+            "--overlength",
+            "split",
+            "--shard-rows",
+            "8",
+        ],
+    )
     assert res.exit_code == 0, res.output
     return out, src
 
@@ -45,8 +58,12 @@ def run_verify(cli, out: Path, *args: str) -> tuple[int, dict]:
 
 
 def messages(report: dict, check: str | None = None) -> list[str]:
-    return [f["message"] for name, c in report["checks"].items() for f in c["failures"]
-            if check is None or name == check]
+    return [
+        f["message"]
+        for name, c in report["checks"].items()
+        for f in c["failures"]
+        if check is None or name == check
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -105,8 +122,10 @@ def test_packed_output_verifies(cli, packed):
     assert code == 0, messages(report)
     checks = report["checks"]
     assert all(c["ok"] for c in checks.values())
-    assert checks["structure"]["rows"] == json.loads((out / "manifest.json").read_text())[
-        "stats"]["rows"]
+    assert (
+        checks["structure"]["rows"]
+        == json.loads((out / "manifest.json").read_text())["stats"]["rows"]
+    )
     assert checks["input"]["ran"] and checks["model"]["ran"]
     att, ctl = checks["attention"], checks["negative_control"]
     assert att["backend"] == "cpu" and att["dtype"] == "fp32"
@@ -175,9 +194,11 @@ def test_positions_that_do_not_restart(cli, packed, tmp_path):
     assert code == 1
     [msg] = messages(report, "structure")
     sample = row["sample_index"][1]
-    assert msg == (f"{name} row {r}, sample {sample} (segment 1, tokens {s}..{e - 1}): "
-                   f"position_ids do not restart at the start of sample {sample}: token {s} "
-                   f"has position {s}, expected 0")
+    assert msg == (
+        f"{name} row {r}, sample {sample} (segment 1, tokens {s}..{e - 1}): "
+        f"position_ids do not restart at the start of sample {sample}: token {s} "
+        f"has position {s}, expected 0"
+    )
 
 
 def test_merged_boundary(cli, packed, tmp_path):
@@ -195,8 +216,11 @@ def test_merged_boundary(cli, packed, tmp_path):
     assert f"cu_seqlens has no boundary there: two samples (samples {a} and {b}) are merged" in msg
     att = messages(report, "attention")
     assert att and all(m.startswith(f"{name} row {r}, sample ") for m in att)
-    assert any(m.startswith(f"{name} row {r}, sample {b} (tokens {boundary}..") and
-               "crosses a sample boundary" in m for m in att)
+    assert any(
+        m.startswith(f"{name} row {r}, sample {b} (tokens {boundary}..")
+        and "crosses a sample boundary" in m
+        for m in att
+    )
     # the tiny model, masked by the merged cu_seqlens, sees it too
     model = messages(report, "model")
     assert any(f"tokens {boundary}.." in m and "loss differs" in m for m in model)
@@ -216,8 +240,10 @@ def test_dropped_sample(cli, packed, tmp_path):
     save_shard(out, name, rows, recount=True)
     code, report = run_verify(cli, out)
     assert code == 1
-    assert messages(report) == [f"sample {lost} appears in no row, but the manifest records 0 "
-                                f"dropped sample(s) (1 of 80 are missing)"]
+    assert messages(report) == [
+        f"sample {lost} appears in no row, but the manifest records 0 "
+        f"dropped sample(s) (1 of 80 are missing)"
+    ]
     assert report["checks"]["structure"]["failures"][0]["sample"] == lost
 
 
@@ -237,8 +263,10 @@ def test_tokens_changed_against_input(cli, packed, tmp_path):
     sample = row["sample_index"][1]
     [msg] = messages(report)
     assert msg.startswith(f"{name} row {r}, sample {sample}")
-    assert f"token 1 of the sample is {before + 1} but the source has {before} ({src}: line " \
+    assert (
+        f"token 1 of the sample is {before + 1} but the source has {before} ({src}: line "
         f"{sample + 1})" in msg
+    )
 
 
 def test_hash_mismatch_is_reported(cli, packed, tmp_path):
@@ -248,15 +276,18 @@ def test_hash_mismatch_is_reported(cli, packed, tmp_path):
     (out / "manifest.json").write_text(json.dumps(manifest))
     code, report = run_verify(cli, out, "--rows", "1")
     assert code == 1
-    assert messages(report) == [f"{manifest['shards'][0]['file']}: xxh3_128 differs from the "
-                                "manifest (the shard changed after packing)"]
+    assert messages(report) == [
+        f"{manifest['shards'][0]['file']}: xxh3_128 differs from the "
+        "manifest (the shard changed after packing)"
+    ]
 
 
 def test_padded_and_dropped_outputs(cli, tmp_path):
     src = write_jsonl(tmp_path / "d.jsonl", make_samples(40, seed=5, median=30, vocab=300))
     out = tmp_path / "pad"
-    assert cli("pack", src, "-o", out, "--max-len", 96, "--overlength", "drop",
-               "--pad").exit_code == 0
+    assert (
+        cli("pack", src, "-o", out, "--max-len", 96, "--overlength", "drop", "--pad").exit_code == 0
+    )
     stats = json.loads((out / "manifest.json").read_text())["stats"]
     assert stats["dropped"] > 0 and stats["pad_tokens"] > 0
     code, report = run_verify(cli, out, "--input", str(src))
@@ -264,8 +295,12 @@ def test_padded_and_dropped_outputs(cli, tmp_path):
     # a padding label that would be trained on
     manifest = json.loads((out / "manifest.json").read_text())
     rows = load_shard(out / manifest["shards"][0]["file"])
-    r = next(i for i, row in enumerate(rows) if len(row["cu_seqlens"]) - 1 > len(
-        row["sample_index"]) and row["cu_seqlens"][-1] - row["cu_seqlens"][-2] > 1)
+    r = next(
+        i
+        for i, row in enumerate(rows)
+        if len(row["cu_seqlens"]) - 1 > len(row["sample_index"])
+        and row["cu_seqlens"][-1] - row["cu_seqlens"][-2] > 1
+    )
     rows[r]["labels"][-1] = 7
     save_shard(out, manifest["shards"][0]["file"], rows)
     code, report = run_verify(cli, out, "--rows", "1")
@@ -276,9 +311,14 @@ def test_padded_and_dropped_outputs(cli, tmp_path):
 
 def test_usage_errors_exit_2(cli, packed, tmp_path):
     out, _ = packed
-    for args in (["--backend", "nope"], ["--rows", "0"], ["--rows", "some"],
-                 ["--dtype", "fp8"], ["--backend", "torch-varlen"],
-                 ["--backend", "cpu", "--dtype", "int8"]):
+    for args in (
+        ["--backend", "nope"],
+        ["--rows", "0"],
+        ["--rows", "some"],
+        ["--dtype", "fp8"],
+        ["--backend", "torch-varlen"],
+        ["--backend", "cpu", "--dtype", "int8"],
+    ):
         res = cli("verify", out, *args)
         assert res.exit_code == 2, (args, res.stderr)
         assert res.stderr.startswith("error:") and "Traceback" not in res.stderr
@@ -305,9 +345,11 @@ def test_library_call_and_exception(packed, tmp_path):
 
 def test_structure_checks_do_not_import_torch(packed):
     out, _ = packed
-    code = ("import sys; from packer.verify import verify; "
-            f"r = verify({str(out)!r}, attention=False); "
-            "assert r.ok, r.to_dict(); assert 'torch' not in sys.modules, 'torch imported'")
+    code = (
+        "import sys; from packer.verify import verify; "
+        f"r = verify({str(out)!r}, attention=False); "
+        "assert r.ok, r.to_dict(); assert 'torch' not in sys.modules, 'torch imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -337,6 +379,8 @@ def test_shard_with_a_foreign_schema(cli, packed, tmp_path):
         w.write_table(table)
     code, report = run_verify(cli, out, "--rows", "1")
     assert code == 1
-    assert f"{name}: column 'input_ids' has type list<item: int64>, expected list<item: int32>" \
+    assert (
+        f"{name}: column 'input_ids' has type list<item: int64>, expected list<item: int32>"
         in messages(report, "structure")
+    )
     assert any("xxh3_128 differs" in m for m in messages(report, "manifest"))

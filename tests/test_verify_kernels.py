@@ -11,13 +11,29 @@ from packer.verify import kernels as K
 from packer.verify.shards import arrays_from_table
 from packer.writer import SCHEMA
 
-MUTATIONS = ("none", "first_label", "shift_cu", "drop_cu", "pos_continue", "pos_bump",
-             "loss", "drop_sample_index", "pad_label", "pad_token", "neg_label", "labels_short",
-             "cu_start", "cu_end", "cu_repeat", "too_long")
+MUTATIONS = (
+    "none",
+    "first_label",
+    "shift_cu",
+    "drop_cu",
+    "pos_continue",
+    "pos_bump",
+    "loss",
+    "drop_sample_index",
+    "pad_label",
+    "pad_token",
+    "neg_label",
+    "labels_short",
+    "cu_start",
+    "cu_end",
+    "cu_repeat",
+    "too_long",
+)
 
 
-def make_row(lengths: list[int], rng: np.random.Generator, max_len: int, pad: bool,
-             pad_id: int) -> dict:
+def make_row(
+    lengths: list[int], rng: np.random.Generator, max_len: int, pad: bool, pad_id: int
+) -> dict:
     ids, labels, pos, cu = [], [], [], [0]
     for n in lengths:
         tok = rng.integers(0, 50, n).tolist()
@@ -33,10 +49,15 @@ def make_row(lengths: list[int], rng: np.random.Generator, max_len: int, pad: bo
         labels += [-100] * n
         pos += list(range(n))
         cu.append(max_len)
-    return {"input_ids": ids, "labels": labels, "position_ids": pos, "cu_seqlens": cu,
-            "sample_index": rng.integers(0, 1000, len(lengths)).tolist(),
-            "sample_offset": [0] * len(lengths),
-            "num_loss_tokens": sum(1 for x in labels if x != -100)}
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": pos,
+        "cu_seqlens": cu,
+        "sample_index": rng.integers(0, 1000, len(lengths)).tolist(),
+        "sample_offset": [0] * len(lengths),
+        "num_loss_tokens": sum(1 for x in labels if x != -100),
+    }
 
 
 def mutate(row: dict, kind: str, rng: np.random.Generator) -> None:
@@ -84,14 +105,36 @@ def run_kernel(rows: list[dict], max_len: int, pad: bool, pad_id: int):
     sh = arrays_from_table(pa.Table.from_pylist(rows, schema=SCHEMA), "t")
     code, a, b, c = (np.zeros(sh.rows, np.int64) for _ in range(4))
     seg = np.zeros(sh.sample_index.size, np.int64)
-    K.check_rows(sh.ids_off, sh.ids, sh.lab_off, sh.labels, sh.pos_off, sh.pos, sh.cu_off, sh.cu,
-                 sh.si_off, sh.so_off, sh.num_loss, max_len, pad, pad_id, seg, code, a, b, c)
+    K.check_rows(
+        sh.ids_off,
+        sh.ids,
+        sh.lab_off,
+        sh.labels,
+        sh.pos_off,
+        sh.pos,
+        sh.cu_off,
+        sh.cu,
+        sh.si_off,
+        sh.so_off,
+        sh.num_loss,
+        max_len,
+        pad,
+        pad_id,
+        seg,
+        code,
+        a,
+        b,
+        c,
+    )
     return list(zip(code.tolist(), a.tolist(), b.tolist(), c.tolist())), seg.tolist()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**32 - 1), pad=st.booleans(),
-       kinds=st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=6))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    pad=st.booleans(),
+    kinds=st.lists(st.sampled_from(MUTATIONS), min_size=1, max_size=6),
+)
 def test_check_rows_matches_reference(seed, pad, kinds):
     rng = np.random.default_rng(seed)
     max_len = 40
@@ -114,11 +157,18 @@ def test_check_rows_matches_reference(seed, pad, kinds):
 
 def test_each_corruption_gets_its_code():
     rng = np.random.default_rng(0)
-    expected = {"first_label": K.FIRST_LABEL, "drop_cu": K.POS_RESTART_INSIDE,
-                "pos_continue": K.POS_NO_RESTART, "loss": K.LOSS_COUNT,
-                "drop_sample_index": K.SEGMENT_COUNT, "labels_short": K.LENGTHS_DIFFER,
-                "cu_start": K.CU_START, "cu_end": K.CU_END, "cu_repeat": K.CU_NOT_INCREASING,
-                "neg_label": K.BAD_LABEL}
+    expected = {
+        "first_label": K.FIRST_LABEL,
+        "drop_cu": K.POS_RESTART_INSIDE,
+        "pos_continue": K.POS_NO_RESTART,
+        "loss": K.LOSS_COUNT,
+        "drop_sample_index": K.SEGMENT_COUNT,
+        "labels_short": K.LENGTHS_DIFFER,
+        "cu_start": K.CU_START,
+        "cu_end": K.CU_END,
+        "cu_repeat": K.CU_NOT_INCREASING,
+        "neg_label": K.BAD_LABEL,
+    }
     for kind, code in expected.items():
         row = make_row([6, 7, 8], rng, 64, False, 0)
         mutate(row, kind, rng)
@@ -133,8 +183,11 @@ def test_each_corruption_gets_its_code():
 
 
 @settings(max_examples=60, deadline=None)
-@given(entries=st.lists(st.tuples(st.integers(-1, 12), st.integers(0, 3),
-                                  st.integers(-1, 3)), max_size=30))
+@given(
+    entries=st.lists(
+        st.tuples(st.integers(-1, 12), st.integers(0, 3), st.integers(-1, 3)), max_size=30
+    )
+)
 def test_check_coverage_matches_reference(entries):
     entries = sorted(entries, key=lambda e: (e[0], e[1] * 2))
     index = np.array([e[0] for e in entries], np.int64)
@@ -142,13 +195,16 @@ def test_check_coverage_matches_reference(entries):
     length = np.array([e[2] if e[2] < 0 else 2 * e[2] for e in entries], np.int64)
     code = np.zeros(index.size, np.int64)
     K.check_coverage(index, offset, length, 10, code)
-    assert code.tolist() == K.check_coverage_reference(index.tolist(), offset.tolist(),
-                                                       length.tolist(), 10)
+    assert code.tolist() == K.check_coverage_reference(
+        index.tolist(), offset.tolist(), length.tolist(), 10
+    )
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), corrupt=st.sampled_from(
-    ["none", "token", "label", "index", "offset", "first_label_only"]))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    corrupt=st.sampled_from(["none", "token", "label", "index", "offset", "first_label_only"]),
+)
 def test_compare_source_matches_reference(seed, corrupt):
     rng = np.random.default_rng(seed)
     src = []
@@ -159,13 +215,20 @@ def test_compare_source_matches_reference(seed, corrupt):
     rows = []
     for r in range(3):
         picks = rng.choice(8, size=int(rng.integers(1, 4)), replace=False).tolist()
-        row = {"input_ids": [], "labels": [], "position_ids": [], "cu_seqlens": [0],
-               "sample_index": [], "sample_offset": [], "num_loss_tokens": 0}
+        row = {
+            "input_ids": [],
+            "labels": [],
+            "position_ids": [],
+            "cu_seqlens": [0],
+            "sample_index": [],
+            "sample_offset": [],
+            "num_loss_tokens": 0,
+        }
         for idx in picks:
             tok, lab = src[idx]
             off = int(rng.integers(0, len(tok)))
             row["input_ids"] += tok[off:]
-            row["labels"] += [-100] + lab[off + 1:]
+            row["labels"] += [-100] + lab[off + 1 :]
             row["position_ids"] += list(range(len(tok) - off))
             row["cu_seqlens"].append(row["cu_seqlens"][-1] + len(tok) - off)
             row["sample_index"].append(idx)
@@ -188,9 +251,26 @@ def test_compare_source_matches_reference(seed, corrupt):
     src_lab = np.array([x for _, lab in src for x in lab], np.int32)
     offsets = np.cumsum([0] + [len(t) for t, _ in src]).astype(np.int64)
     code, a, b, c = (np.zeros(sh.rows, np.int64) for _ in range(4))
-    K.compare_source(sh.ids_off, sh.ids, sh.lab_off, sh.labels, sh.cu_off, sh.cu, sh.si_off,
-                     sh.sample_index, sh.so_off, sh.sample_offset, np.zeros(sh.rows, bool),
-                     src_tok, src_lab, offsets, code, a, b, c)
+    K.compare_source(
+        sh.ids_off,
+        sh.ids,
+        sh.lab_off,
+        sh.labels,
+        sh.cu_off,
+        sh.cu,
+        sh.si_off,
+        sh.sample_index,
+        sh.so_off,
+        sh.sample_offset,
+        np.zeros(sh.rows, bool),
+        src_tok,
+        src_lab,
+        offsets,
+        code,
+        a,
+        b,
+        c,
+    )
     got = list(zip(code.tolist(), a.tolist(), b.tolist(), c.tolist()))
     assert got == K.compare_source_reference(rows, src)
     if corrupt in ("none", "first_label_only"):

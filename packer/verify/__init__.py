@@ -76,17 +76,27 @@ def verify(
         from packer.readers import read_samples
 
         cfg = manifest.get("config", {})
-        source = read_samples(inputs, cfg.get("input_column", "input_ids"),
-                              cfg.get("labels_column") or None)
+        source = read_samples(
+            inputs, cfg.get("input_column", "input_ids"), cfg.get("labels_column") or None
+        )
 
     checks = {
         "structure": CheckResult("structure"),
         "manifest": CheckResult("manifest"),
-        "input": CheckResult("input", ran=source is not None,
-                             skipped_reason=None if source is not None else "no --input given"),
+        "input": CheckResult(
+            "input",
+            ran=source is not None,
+            skipped_reason=None if source is not None else "no --input given",
+        ),
     }
-    statuses = check_structure(out, manifest, source, checks["structure"], checks["manifest"],
-                               checks["input"] if source is not None else None)
+    statuses = check_structure(
+        out,
+        manifest,
+        source,
+        checks["structure"],
+        checks["manifest"],
+        checks["input"] if source is not None else None,
+    )
 
     if chosen is not None:
         from packer.verify.attention import RowInput, pick_rows, run_attention
@@ -96,16 +106,21 @@ def verify(
             usable = st.cu_usable
             n_seg = (st.shard.cu_off[1:] - st.shard.cu_off[:-1]) - 1
             candidates += [(s, int(r), int(n_seg[r])) for r in range(st.shard.rows) if usable[r]]
-        picked = [RowInput(statuses[s].shard.name, r, statuses[s].shard.row(r))
-                  for s, r in pick_rows(candidates, count, seed)]
+        picked = [
+            RowInput(statuses[s].shard.name, r, statuses[s].shard.row(r))
+            for s, r in pick_rows(candidates, count, seed)
+        ]
         checks["attention"] = CheckResult("attention")
         checks["negative_control"] = CheckResult("negative_control")
         backend_obj, dtype_name = chosen
-        run_attention(picked, backend_obj, dtype_name, seed, checks["attention"],
-                      checks["negative_control"])
-        checks["model"] = CheckResult("model", ran=model_check,
-                                      skipped_reason=None if model_check else
-                                      "not asked (--model-check)")
+        run_attention(
+            picked, backend_obj, dtype_name, seed, checks["attention"], checks["negative_control"]
+        )
+        checks["model"] = CheckResult(
+            "model",
+            ran=model_check,
+            skipped_reason=None if model_check else "not asked (--model-check)",
+        )
         if model_check:
             from packer.verify.model_check import run_model_check
 

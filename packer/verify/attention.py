@@ -59,8 +59,10 @@ def varlen_call_form(fn: Callable) -> str:
         return "window_size"
     if "is_causal" in params:
         return "is_causal"
-    raise UsageError("torch's varlen_attn takes neither window_size= nor is_causal=; this torch "
-                     "version is not supported by --backend torch-varlen")
+    raise UsageError(
+        "torch's varlen_attn takes neither window_size= nor is_causal=; this torch "
+        "version is not supported by --backend torch-varlen"
+    )
 
 
 def varlen_causal_kwargs(form: str) -> dict:
@@ -94,8 +96,18 @@ def make_aten_flash_forward(op: Callable) -> tuple[Forward, str]:
 
 def make_flash_attn_forward(fn: Callable) -> tuple[Forward, str]:
     def forward(q, k, v, cu, max_seqlen):
-        return fn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), dropout_p=0.0,
-                  softmax_scale=None, causal=True)
+        return fn(
+            q,
+            k,
+            v,
+            cu,
+            cu,
+            int(max_seqlen),
+            int(max_seqlen),
+            dropout_p=0.0,
+            softmax_scale=None,
+            causal=True,
+        )
 
     return forward, "flash_attn.flash_attn_varlen_func(..., dropout_p=0.0, causal=True)"
 
@@ -122,8 +134,9 @@ def make_cpu_forward() -> tuple[Forward, str]:
 
     def forward(q, k, v, cu, max_seqlen):
         mask = block_causal_mask(cu, q.shape[0])
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1),
-                                             v.transpose(0, 1), attn_mask=mask)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+        )
         return out.transpose(0, 1)
 
     return forward, "scaled_dot_product_attention(attn_mask=block-diagonal causal)"
@@ -147,8 +160,12 @@ def make_flex_forward(device: str, compiled: bool) -> tuple[Forward, str]:
         mask = create_block_mask(document_causal, None, None, length, length, device=device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # eager flex on CPU warns that it is unfused
-            out = kernel(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                         v.transpose(0, 1)[None], block_mask=mask)
+            out = kernel(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                block_mask=mask,
+            )
         return out[0].transpose(0, 1)
 
     how = "compiled" if compiled else "eager"
@@ -199,8 +216,9 @@ def select_backend(requested: str, probes: dict[str, str | None]) -> str:
                 return name
         return "cpu"
     if requested not in BACKENDS:
-        raise UsageError(f"unknown --backend '{requested}' (choose from auto, "
-                         f"{', '.join(BACKENDS)})")
+        raise UsageError(
+            f"unknown --backend '{requested}' (choose from auto, {', '.join(BACKENDS)})"
+        )
     reason = probes.get(requested)
     if reason is not None:
         raise UsageError(f"--backend {requested} cannot run here: {reason}")
@@ -252,8 +270,9 @@ def resolve(requested: str, dtype: str | None) -> tuple[Backend, str]:
     backend = build_backend(name, probes["_cuda"] is None)
     dtype = dtype or default_dtype(name, backend.device)
     if dtype not in backend.dtypes:
-        raise UsageError(f"--backend {name} supports --dtype {'/'.join(backend.dtypes)}, not "
-                         f"{dtype}")
+        raise UsageError(
+            f"--backend {name} supports --dtype {'/'.join(backend.dtypes)}, not {dtype}"
+        )
     return backend, dtype
 
 
@@ -301,8 +320,12 @@ def _reference(q, k, v):
     """fp32 causal attention over one sample (SDPA), the cross-implementation witness."""
     import torch.nn.functional as F
 
-    out = F.scaled_dot_product_attention(q.float().transpose(0, 1), k.float().transpose(0, 1),
-                                         v.float().transpose(0, 1), is_causal=True)
+    out = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1),
+        k.float().transpose(0, 1),
+        v.float().transpose(0, 1),
+        is_causal=True,
+    )
     return out.transpose(0, 1)
 
 
@@ -317,8 +340,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _label(shard: str, r: int, row: dict, a: int, b: int,
-           j: int | None = None) -> tuple[str, int, int | None]:
+def _label(
+    shard: str, r: int, row: dict, a: int, b: int, j: int | None = None
+) -> tuple[str, int, int | None]:
     """Name the j-th sample as the position ids delimit it (tokens a..b-1): sample_index[j]
     when the row lists that many, else by the cu_seqlens segment holding token a."""
     cu = np.asarray(row["cu_seqlens"])
@@ -331,8 +355,14 @@ def _label(shard: str, r: int, row: dict, a: int, b: int,
     return f"{shard} row {r}, padding (tokens {a}..{b - 1})", k, None
 
 
-def run_attention(rows: list[RowInput], backend: Backend, dtype: str, seed: int,
-                  isolation: CheckResult, control: CheckResult) -> None:
+def run_attention(
+    rows: list[RowInput],
+    backend: Backend,
+    dtype: str,
+    seed: int,
+    isolation: CheckResult,
+    control: CheckResult,
+) -> None:
     """Packed forward vs each sample alone (isolation), and plain causal (negative control)."""
     import torch
 
@@ -372,50 +402,92 @@ def run_attention(rows: list[RowInput], backend: Backend, dtype: str, seed: int,
                 iso_max, ref_max = max(iso_max, iso), max(ref_max, ref)
                 place, seg, idx = _label(item.shard, item.row, row, a, b, j)
                 if iso > tol:
-                    isolation.fail(Failure(
-                        "attention", f"{place}: the packed {backend.name} forward differs from "
-                        f"the sample run alone by {iso:.3g} (tolerance {tol:g}): attention "
-                        "crosses a sample boundary", shard=item.shard, row=item.row,
-                        sample=idx, segment=seg))
+                    isolation.fail(
+                        Failure(
+                            "attention",
+                            f"{place}: the packed {backend.name} forward differs from "
+                            f"the sample run alone by {iso:.3g} (tolerance {tol:g}): attention "
+                            "crosses a sample boundary",
+                            shard=item.shard,
+                            row=item.row,
+                            sample=idx,
+                            segment=seg,
+                        )
+                    )
                 elif ref > tol:
-                    isolation.fail(Failure(
-                        "attention", f"{place}: the packed {backend.name} forward differs from "
-                        f"the fp32 reference by {ref:.3g} (tolerance {tol:g})",
-                        shard=item.shard, row=item.row, sample=idx, segment=seg))
+                    isolation.fail(
+                        Failure(
+                            "attention",
+                            f"{place}: the packed {backend.name} forward differs from "
+                            f"the fp32 reference by {ref:.3g} (tolerance {tol:g})",
+                            shard=item.shard,
+                            row=item.row,
+                            sample=idx,
+                            segment=seg,
+                        )
+                    )
                 if j == 0:
                     first_max = max(first_max, leak)
                     continue
                 leaks.append(leak)
                 if leak <= threshold:
-                    control.fail(Failure(
-                        "negative_control", f"{place}: plain causal attention over the whole "
-                        f"row changes this sample by only {leak:.3g} (needs > {threshold:g}): "
-                        "the check could not see a leak here, so it proves nothing",
-                        shard=item.shard, row=item.row, sample=idx, segment=seg))
+                    control.fail(
+                        Failure(
+                            "negative_control",
+                            f"{place}: plain causal attention over the whole "
+                            f"row changes this sample by only {leak:.3g} (needs > {threshold:g}): "
+                            "the check could not see a leak here, so it proves nothing",
+                            shard=item.shard,
+                            row=item.row,
+                            sample=idx,
+                            segment=seg,
+                        )
+                    )
     synthetic = False
     if not leaks and rows:
         leaks.append(_synthetic_control(rows, backend, torch_dtype, seed))
         synthetic = True
         if leaks[0] <= threshold:
-            control.fail(Failure("negative_control", f"plain causal attention over two joined "
-                                 f"samples changes the second by only {leaks[0]:.3g} (needs > "
-                                 f"{threshold:g}): the check could not see a leak"))
+            control.fail(
+                Failure(
+                    "negative_control",
+                    f"plain causal attention over two joined "
+                    f"samples changes the second by only {leaks[0]:.3g} (needs > "
+                    f"{threshold:g}): the check could not see a leak",
+                )
+            )
     elapsed = time.perf_counter() - t_start
-    isolation.details.update({
-        "backend": backend.name, "device": dev, "dtype": dtype, "call": backend.call,
-        "rows": len(rows), "samples": samples, "tokens": tokens,
-        "max_isolated_diff": iso_max, "max_reference_diff": ref_max, "tolerance": tol,
-        "seconds": round(elapsed, 3),
-        "packed_seconds_per_million_tokens": round(packed_seconds / tokens * 1e6, 4)
-        if tokens else None,
-        "seconds_per_million_tokens": round(elapsed / tokens * 1e6, 4) if tokens else None,
-    })
-    control.details.update({
-        "backend": backend.name, "dtype": dtype,
-        "min_leak": min(leaks) if leaks else None, "max_leak": max(leaks) if leaks else None,
-        "first_sample_diff": first_max, "threshold": threshold,
-        "samples_measured": len(leaks), "synthetic": synthetic,
-    })
+    isolation.details.update(
+        {
+            "backend": backend.name,
+            "device": dev,
+            "dtype": dtype,
+            "call": backend.call,
+            "rows": len(rows),
+            "samples": samples,
+            "tokens": tokens,
+            "max_isolated_diff": iso_max,
+            "max_reference_diff": ref_max,
+            "tolerance": tol,
+            "seconds": round(elapsed, 3),
+            "packed_seconds_per_million_tokens": round(packed_seconds / tokens * 1e6, 4)
+            if tokens
+            else None,
+            "seconds_per_million_tokens": round(elapsed / tokens * 1e6, 4) if tokens else None,
+        }
+    )
+    control.details.update(
+        {
+            "backend": backend.name,
+            "dtype": dtype,
+            "min_leak": min(leaks) if leaks else None,
+            "max_leak": max(leaks) if leaks else None,
+            "first_sample_diff": first_max,
+            "threshold": threshold,
+            "samples_measured": len(leaks),
+            "synthetic": synthetic,
+        }
+    )
     if not rows:
         isolation.ran = control.ran = False
         isolation.skipped_reason = control.skipped_reason = "no usable row to run"
@@ -433,13 +505,15 @@ def _synthetic_control(rows: list[RowInput], backend: Backend, torch_dtype, seed
     n, a = len(ids), len(first)
     with torch.inference_mode():
         causal = backend.forward(q, k, v, torch.tensor([0, n], dtype=torch.int32, device=dev), n)
-        alone = backend.forward(q[a:], k[a:], v[a:],
-                                torch.tensor([0, n - a], dtype=torch.int32, device=dev), n - a)
+        alone = backend.forward(
+            q[a:], k[a:], v[a:], torch.tensor([0, n - a], dtype=torch.int32, device=dev), n - a
+        )
     return float((causal[a:].float() - alone.float()).abs().max())
 
 
-def pick_rows(candidates: list[tuple[int, int, int]], count: int | None,
-              seed: int) -> list[tuple[int, int]]:
+def pick_rows(
+    candidates: list[tuple[int, int, int]], count: int | None, seed: int
+) -> list[tuple[int, int]]:
     """Rows to run, from (shard number, row, segments) of usable rows: all when count is None,
     else `count` picked with the seed, rows holding two or more samples first."""
     if count is None:

@@ -48,8 +48,27 @@ SRC_LABEL = 43
 
 
 @njit(cache=True)
-def check_rows(ids_off, ids, lab_off, labels, pos_off, pos, cu_off, cu, si_off, so_off,
-               num_loss, max_len, pad, pad_id, seg_len, code, a, b, c):  # pragma: no cover
+def check_rows(
+    ids_off,
+    ids,
+    lab_off,
+    labels,
+    pos_off,
+    pos,
+    cu_off,
+    cu,
+    si_off,
+    so_off,
+    num_loss,
+    max_len,
+    pad,
+    pad_id,
+    seg_len,
+    code,
+    a,
+    b,
+    c,
+):  # pragma: no cover
     """Check every row's shape, cu_seqlens, positions, labels and loss count.
 
     Fills `seg_len[k]` with the length of sample entry k (or -1 when cu_seqlens is unusable).
@@ -278,9 +297,26 @@ def check_coverage_reference(index, offset, length, num_samples) -> list[int]:
 
 
 @njit(cache=True)
-def compare_source(ids_off, ids, lab_off, labels, cu_off, cu, si_off, sample_index, so_off,
-                   sample_offset, skip, src_tokens, src_labels, src_offsets, code, a, b,
-                   c):  # pragma: no cover
+def compare_source(
+    ids_off,
+    ids,
+    lab_off,
+    labels,
+    cu_off,
+    cu,
+    si_off,
+    sample_index,
+    so_off,
+    sample_offset,
+    skip,
+    src_tokens,
+    src_labels,
+    src_offsets,
+    code,
+    a,
+    b,
+    c,
+):  # pragma: no cover
     """Compare every sample piece of every row with the source sample it claims to come from.
 
     Labels must equal the source's except the piece's first, which must be -100 (checked by

@@ -35,8 +35,9 @@ def _token_losses(logits, labels):
 
     out = torch.zeros(labels.shape[0], dtype=torch.float64)
     if labels.shape[0] > 1:
-        ce = F.cross_entropy(logits[:-1].float(), labels[1:].long(), ignore_index=-100,
-                             reduction="none")
+        ce = F.cross_entropy(
+            logits[:-1].float(), labels[1:].long(), ignore_index=-100, reduction="none"
+        )
         out[1:] = ce.double()
     return out
 
@@ -51,8 +52,9 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
         result.ran = False
         result.skipped_reason = "no usable row to run"
         return
-    vocab = 2 + max(max(int(np.max(r.data["input_ids"])), int(np.max(r.data["labels"])))
-                    for r in rows)
+    vocab = 2 + max(
+        max(int(np.max(r.data["input_ids"])), int(np.max(r.data["labels"]))) for r in rows
+    )
     longest = max(len(r.data["input_ids"]) for r in rows)
     model = build_tiny_model(seed, vocab_size=vocab, max_positions=max(longest, 16))
     loss_max = logits_max = 0.0
@@ -69,18 +71,21 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
             doc = torch.searchsorted(cu[1:].contiguous(), torch.arange(n), right=True)
             causal = torch.ones(n, n, dtype=torch.bool).tril()
             block = (doc[:, None] == doc[None, :]) & causal
-            packed = model(ids, position_ids=pos, attention_mask=block[None, None],
-                           use_cache=False).logits[0]
-            leaky = model(ids, position_ids=pos, attention_mask=causal[None, None],
-                          use_cache=False).logits[0]
+            packed = model(
+                ids, position_ids=pos, attention_mask=block[None, None], use_cache=False
+            ).logits[0]
+            leaky = model(
+                ids, position_ids=pos, attention_mask=causal[None, None], use_cache=False
+            ).logits[0]
             packed_loss = _token_losses(packed, labels)
             for j, (a, b) in enumerate(alone_segments(row["position_ids"])):
                 samples += 1
-                alone = model(ids[:, a:b], position_ids=torch.arange(b - a)[None],
-                              use_cache=False).logits[0]
+                alone = model(
+                    ids[:, a:b], position_ids=torch.arange(b - a)[None], use_cache=False
+                ).logits[0]
                 alone_loss = _token_losses(alone, labels[a:b])
                 n_packed = int((labels[a:b] != -100).sum())
-                n_alone = int((labels[a + 1:b] != -100).sum())
+                n_alone = int((labels[a + 1 : b] != -100).sum())
                 # the mean over the sample's targets, as a trainer normalizes it
                 mean_packed = float(packed_loss[a:b].sum()) / max(n_packed, 1)
                 mean_alone = float(alone_loss.sum()) / max(n_alone, 1)
@@ -89,32 +94,57 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
                 loss_max, logits_max = max(loss_max, d_loss), max(logits_max, d_logits)
                 place, seg, idx = _label(item.shard, item.row, row, a, b, j)
                 if n_packed != n_alone:
-                    result.fail(Failure(
-                        "model", f"{place}: the packed row trains {n_packed} targets of this "
-                        f"sample, alone it has {n_alone}: its first token is the target of the "
-                        "previous sample's last token", shard=item.shard, row=item.row,
-                        sample=idx, segment=seg))
+                    result.fail(
+                        Failure(
+                            "model",
+                            f"{place}: the packed row trains {n_packed} targets of this "
+                            f"sample, alone it has {n_alone}: its first token is the target of the "
+                            "previous sample's last token",
+                            shard=item.shard,
+                            row=item.row,
+                            sample=idx,
+                            segment=seg,
+                        )
+                    )
                 elif d_loss > LOSS_TOLERANCE or d_logits > LOGITS_TOLERANCE:
-                    result.fail(Failure(
-                        "model", f"{place}: the tiny model's loss differs by {d_loss:.3g} and its "
-                        f"logits by {d_logits:.3g} between the packed row and the sample alone "
-                        f"(tolerance {LOSS_TOLERANCE:g})", shard=item.shard, row=item.row,
-                        sample=idx, segment=seg))
+                    result.fail(
+                        Failure(
+                            "model",
+                            f"{place}: the tiny model's loss differs by {d_loss:.3g} and its "
+                            f"logits by {d_logits:.3g} between the packed row and the sample alone "
+                            f"(tolerance {LOSS_TOLERANCE:g})",
+                            shard=item.shard,
+                            row=item.row,
+                            sample=idx,
+                            segment=seg,
+                        )
+                    )
                 if j > 0:
                     leak = float((leaky[a:b] - alone).abs().max())
                     leaks.append(leak)
                     if leak <= LEAK_FACTOR * LOGITS_TOLERANCE:
-                        result.fail(Failure(
-                            "model", f"{place}: under a plain causal mask the logits change by "
-                            f"only {leak:.3g}: the model check could not see a leak here",
-                            shard=item.shard, row=item.row, sample=idx, segment=seg))
-    result.details.update({
-        "model": f"LlamaForCausalLM, 2 layers, hidden 64, vocab {vocab}, random (seed {seed})",
-        "attention": "sdpa, explicit 4-D block-diagonal causal mask from cu_seqlens, fp32",
-        "rows": len(rows), "samples": samples,
-        "max_loss_diff": loss_max, "max_logits_diff": logits_max,
-        "tolerance": LOSS_TOLERANCE,
-        "control_min_logits_leak": min(leaks) if leaks else None,
-        "control_max_logits_leak": max(leaks) if leaks else None,
-        "seconds": round(time.perf_counter() - t0, 3),
-    })
+                        result.fail(
+                            Failure(
+                                "model",
+                                f"{place}: under a plain causal mask the logits change by "
+                                f"only {leak:.3g}: the model check could not see a leak here",
+                                shard=item.shard,
+                                row=item.row,
+                                sample=idx,
+                                segment=seg,
+                            )
+                        )
+    result.details.update(
+        {
+            "model": f"LlamaForCausalLM, 2 layers, hidden 64, vocab {vocab}, random (seed {seed})",
+            "attention": "sdpa, explicit 4-D block-diagonal causal mask from cu_seqlens, fp32",
+            "rows": len(rows),
+            "samples": samples,
+            "max_loss_diff": loss_max,
+            "max_logits_diff": logits_max,
+            "tolerance": LOSS_TOLERANCE,
+            "control_min_logits_leak": min(leaks) if leaks else None,
+            "control_max_logits_leak": max(leaks) if leaks else None,
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+    )

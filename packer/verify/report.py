@@ -17,34 +17,43 @@ def _fmt(x) -> str:
 
 def _summary(name: str, d: dict) -> str:
     if name == "structure":
-        return (f"{_fmt(d.get('rows'))} rows, {_fmt(d.get('samples'))} samples, "
-                f"{_fmt(d.get('tokens'))} tokens in {_fmt(d.get('shards'))} shard(s)")
+        return (
+            f"{_fmt(d.get('rows'))} rows, {_fmt(d.get('samples'))} samples, "
+            f"{_fmt(d.get('tokens'))} tokens in {_fmt(d.get('shards'))} shard(s)"
+        )
     if name == "manifest":
         return f"{_fmt(d.get('shards'))} shard(s): counts and hashes"
     if name == "input":
         return f"{_fmt(d.get('samples'))} source samples, tokens and labels"
     if name == "attention":
-        return (f"{d.get('backend')} ({d.get('device')}, {d.get('dtype')}), "
-                f"{_fmt(d.get('rows'))} rows / {_fmt(d.get('samples'))} samples: packed vs "
-                f"alone max diff {_fmt(d.get('max_isolated_diff'))}, vs fp32 reference "
-                f"{_fmt(d.get('max_reference_diff'))} (tolerance {_fmt(d.get('tolerance'))}); "
-                f"{_fmt(d.get('seconds_per_million_tokens'))} s per million tokens")
+        return (
+            f"{d.get('backend')} ({d.get('device')}, {d.get('dtype')}), "
+            f"{_fmt(d.get('rows'))} rows / {_fmt(d.get('samples'))} samples: packed vs "
+            f"alone max diff {_fmt(d.get('max_isolated_diff'))}, vs fp32 reference "
+            f"{_fmt(d.get('max_reference_diff'))} (tolerance {_fmt(d.get('tolerance'))}); "
+            f"{_fmt(d.get('seconds_per_million_tokens'))} s per million tokens"
+        )
     if name == "negative_control":
         synthetic = " (two joined samples)" if d.get("synthetic") else ""
-        return (f"plain causal leaks {_fmt(d.get('min_leak'))}..{_fmt(d.get('max_leak'))} into "
-                f"{_fmt(d.get('samples_measured'))} later samples{synthetic} (must exceed "
-                f"{_fmt(d.get('threshold'))})")
+        return (
+            f"plain causal leaks {_fmt(d.get('min_leak'))}..{_fmt(d.get('max_leak'))} into "
+            f"{_fmt(d.get('samples_measured'))} later samples{synthetic} (must exceed "
+            f"{_fmt(d.get('threshold'))})"
+        )
     if name == "model":
-        return (f"{_fmt(d.get('samples'))} samples: loss diff {_fmt(d.get('max_loss_diff'))}, "
-                f"logits diff {_fmt(d.get('max_logits_diff'))}; causal-mask control "
-                f"{_fmt(d.get('control_min_logits_leak'))}")
+        return (
+            f"{_fmt(d.get('samples'))} samples: loss diff {_fmt(d.get('max_loss_diff'))}, "
+            f"logits diff {_fmt(d.get('max_logits_diff'))}; causal-mask control "
+            f"{_fmt(d.get('control_min_logits_leak'))}"
+        )
     return ""
 
 
 def verify_table(result: VerifyResult) -> Table:
     verdict = "[bold green]passed[/]" if result.ok else "[bold red]FAILED[/]"
-    table = Table(title=f"packer verify → {result.output}: {verdict}", title_justify="left",
-                  show_header=True)
+    table = Table(
+        title=f"packer verify → {result.output}: {verdict}", title_justify="left", show_header=True
+    )
     table.add_column("check", style="bold")
     table.add_column("result")
     table.add_column("details")

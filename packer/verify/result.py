@@ -48,9 +48,13 @@ class CheckResult:
             self.failures.append(failure)
 
     def to_dict(self) -> dict:
-        out = {"ok": self.ok, "ran": self.ran, **self.details,
-               "failure_count": self.failure_count,
-               "failures": [f.to_dict() for f in self.failures]}
+        out = {
+            "ok": self.ok,
+            "ran": self.ran,
+            **self.details,
+            "failure_count": self.failure_count,
+            "failures": [f.to_dict() for f in self.failures],
+        }
         if self.skipped_reason:
             out["skipped_reason"] = self.skipped_reason
         return out

@@ -47,11 +47,11 @@ class ShardArrays:
         t = self.row_slice(r)
         return {
             "input_ids": self.ids[t],
-            "labels": self.labels[int(self.lab_off[r]):int(self.lab_off[r + 1])],
-            "position_ids": self.pos[int(self.pos_off[r]):int(self.pos_off[r + 1])],
-            "cu_seqlens": self.cu[int(self.cu_off[r]):int(self.cu_off[r + 1])],
-            "sample_index": self.sample_index[int(self.si_off[r]):int(self.si_off[r + 1])],
-            "sample_offset": self.sample_offset[int(self.so_off[r]):int(self.so_off[r + 1])],
+            "labels": self.labels[int(self.lab_off[r]) : int(self.lab_off[r + 1])],
+            "position_ids": self.pos[int(self.pos_off[r]) : int(self.pos_off[r + 1])],
+            "cu_seqlens": self.cu[int(self.cu_off[r]) : int(self.cu_off[r + 1])],
+            "sample_index": self.sample_index[int(self.si_off[r]) : int(self.si_off[r + 1])],
+            "sample_offset": self.sample_offset[int(self.so_off[r]) : int(self.so_off[r + 1])],
             "num_loss_tokens": int(self.num_loss[r]),
         }
 
@@ -116,5 +116,20 @@ def arrays_from_table(table: pa.Table, name: str) -> ShardArrays:
     si_off, sample_index = _list_parts(cols["sample_index"])
     so_off, sample_offset = _list_parts(cols["sample_offset"])
     num_loss = cols["num_loss_tokens"].to_numpy(zero_copy_only=False)
-    return ShardArrays(name, table.num_rows, ids_off, ids, lab_off, labels, pos_off, pos,
-                       cu_off, cu, si_off, sample_index, so_off, sample_offset, num_loss)
+    return ShardArrays(
+        name,
+        table.num_rows,
+        ids_off,
+        ids,
+        lab_off,
+        labels,
+        pos_off,
+        pos,
+        cu_off,
+        cu,
+        si_off,
+        sample_index,
+        so_off,
+        sample_offset,
+        num_loss,
+    )

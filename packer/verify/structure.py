@@ -70,27 +70,36 @@ def _boundary_message(row: dict, code: int, t: int, k: int, p: int) -> str:
         near = [u for u in missing if u in (s, e)]
         if near:
             u = near[0]
-            return (f"cu_seqlens[{cu.index(u)}] = {u} but position_ids restart at token {t}: the "
-                    f"boundary is shifted by {u - t:+d}, so tokens of two samples attend to each "
-                    "other")
+            return (
+                f"cu_seqlens[{cu.index(u)}] = {u} but position_ids restart at token {t}: the "
+                f"boundary is shifted by {u - t:+d}, so tokens of two samples attend to each "
+                "other"
+            )
         nxt = _sample_of(row, k + 1)[0]
         pair = f" (samples {_sample_of(row, k)[0]} and {nxt})" if nxt is not None else ""
-        return (f"position_ids restart at token {t} inside cu_seqlens segment {s}..{e - 1} but "
-                f"cu_seqlens has no boundary there: two samples{pair} are merged into one "
-                "attention segment")
+        return (
+            f"position_ids restart at token {t} inside cu_seqlens segment {s}..{e - 1} but "
+            f"cu_seqlens has no boundary there: two samples{pair} are merged into one "
+            "attention segment"
+        )
     if code == K.POS_NO_RESTART:
         near = [x for x in extra if s < x < e]
         if near:
-            return (f"cu_seqlens[{k}] = {t} but position_ids restart at token {near[0]}: the "
-                    f"boundary is shifted by {t - near[0]:+d}, so tokens of two samples attend "
-                    "to each other")
-        return (f"position_ids do not restart at the start of {describe_sample(row, k)}: token "
-                f"{t} has position {p}, expected 0")
+            return (
+                f"cu_seqlens[{k}] = {t} but position_ids restart at token {near[0]}: the "
+                f"boundary is shifted by {t - near[0]:+d}, so tokens of two samples attend "
+                "to each other"
+            )
+        return (
+            f"position_ids do not restart at the start of {describe_sample(row, k)}: token "
+            f"{t} has position {p}, expected 0"
+        )
     return f"position_ids[{t}] = {p}, expected {t - s} (position {t - s} of its sample)"
 
 
-def row_message(shard: str, r: int, row: dict, code: int, a: int, b: int, c: int,
-                max_len: int, pad_id: int) -> Failure:
+def row_message(
+    shard: str, r: int, row: dict, code: int, a: int, b: int, c: int, max_len: int, pad_id: int
+) -> Failure:
     """The `Failure` for one kernel row code."""
     seg = None
     if code == K.LENGTHS_DIFFER:
@@ -104,26 +113,32 @@ def row_message(shard: str, r: int, row: dict, code: int, a: int, b: int, c: int
     elif code == K.PAD_LENGTH:
         text = f"the output is padded but the row holds {a} tokens, not max_len {max_len}"
     elif code == K.CU_START:
-        text = (f"cu_seqlens must start at 0 and have at least 2 entries, got first entry {a} "
-                f"of {b}")
+        text = f"cu_seqlens must start at 0 and have at least 2 entries, got first entry {a} of {b}"
     elif code == K.CU_NOT_INCREASING:
-        text = (f"cu_seqlens is not strictly increasing: entry {a} is {c} after {b} "
-                "(an empty or backwards segment)")
+        text = (
+            f"cu_seqlens is not strictly increasing: entry {a} is {c} after {b} "
+            "(an empty or backwards segment)"
+        )
     elif code == K.CU_END:
         text = f"cu_seqlens ends at {a} but the row holds {b} tokens"
     elif code == K.SEGMENT_COUNT:
-        text = (f"cu_seqlens has {a} segments but sample_index lists {b} samples "
-                "(padding, when stored, is one extra final segment)")
+        text = (
+            f"cu_seqlens has {a} segments but sample_index lists {b} samples "
+            "(padding, when stored, is one extra final segment)"
+        )
     elif code in (K.POS_NO_RESTART, K.POS_RESTART_INSIDE, K.POS_WRONG):
         seg = b
         text = _boundary_message(row, code, a, b, c)
     elif code == K.FIRST_LABEL:
         seg = b
         prev = f"the last token of {describe_sample(row, b - 1)}" if b > 0 else "nothing"
-        text = (f"the first label is {c}, expected -100: after the model's shift {prev} would be "
-                f"trained to predict token {a} of another sample" if b > 0 else
-                f"the first label is {c}, expected -100 (the first token of a sample is never "
-                "a target)")
+        text = (
+            f"the first label is {c}, expected -100: after the model's shift {prev} would be "
+            f"trained to predict token {a} of another sample"
+            if b > 0
+            else f"the first label is {c}, expected -100 (the first token of a sample is never "
+            "a target)"
+        )
     elif code == K.PAD_LABEL:
         seg = b
         text = f"padding token {a} has label {c}, expected -100"
@@ -141,23 +156,60 @@ def row_message(shard: str, r: int, row: dict, code: int, a: int, b: int, c: int
     else:  # pragma: no cover - every kernel code is handled above
         text = f"structure check code {code} ({a}, {b}, {c})"
     idx, off = _sample_of(row, seg) if seg is not None else (None, None)
-    return Failure("structure", f"{where(shard, r, row, seg)}: {text}", shard=shard, row=r,
-                   sample=idx, sample_offset=off, segment=seg)
+    return Failure(
+        "structure",
+        f"{where(shard, r, row, seg)}: {text}",
+        shard=shard,
+        row=r,
+        sample=idx,
+        sample_offset=off,
+        segment=seg,
+    )
 
 
-def check_shard_rows(shard: ShardArrays, max_len: int, pad: bool, pad_id: int,
-                     result: CheckResult) -> RowStatus:
+def check_shard_rows(
+    shard: ShardArrays, max_len: int, pad: bool, pad_id: int, result: CheckResult
+) -> RowStatus:
     rows = shard.rows
     code = np.zeros(rows, np.int64)
     a, b, c = (np.zeros(rows, np.int64) for _ in range(3))
     seg_len = np.zeros(shard.sample_index.size, np.int64)
-    K.check_rows(shard.ids_off, shard.ids, shard.lab_off, shard.labels, shard.pos_off,
-                 shard.pos, shard.cu_off, shard.cu, shard.si_off, shard.so_off, shard.num_loss,
-                 max_len, pad, pad_id, seg_len, code, a, b, c)
+    K.check_rows(
+        shard.ids_off,
+        shard.ids,
+        shard.lab_off,
+        shard.labels,
+        shard.pos_off,
+        shard.pos,
+        shard.cu_off,
+        shard.cu,
+        shard.si_off,
+        shard.so_off,
+        shard.num_loss,
+        max_len,
+        pad,
+        pad_id,
+        seg_len,
+        code,
+        a,
+        b,
+        c,
+    )
     for r in np.flatnonzero(code):
         r = int(r)
-        result.fail(row_message(shard.name, r, shard.row(r), int(code[r]), int(a[r]),
-                                int(b[r]), int(c[r]), max_len, pad_id))
+        result.fail(
+            row_message(
+                shard.name,
+                r,
+                shard.row(r),
+                int(code[r]),
+                int(a[r]),
+                int(b[r]),
+                int(c[r]),
+                max_len,
+                pad_id,
+            )
+        )
     return RowStatus(shard, code, seg_len)
 
 
@@ -175,8 +227,13 @@ def check_manifest_entry(entry: dict, shard: ShardArrays, result: CheckResult) -
     }
     for key, value in found.items():
         if key in entry and int(entry[key]) != value:
-            result.fail(Failure("manifest", f"{shard.name}: manifest says {entry[key]} {key} but "
-                                f"the shard holds {value}", shard=shard.name))
+            result.fail(
+                Failure(
+                    "manifest",
+                    f"{shard.name}: manifest says {entry[key]} {key} but the shard holds {value}",
+                    shard=shard.name,
+                )
+            )
 
 
 def _token_totals(statuses: list[RowStatus], pad: bool) -> tuple[int, int]:
@@ -189,8 +246,13 @@ def _token_totals(statuses: list[RowStatus], pad: bool) -> tuple[int, int]:
     return real, pad_total
 
 
-def check_provenance(statuses: list[RowStatus], manifest: dict, source: Samples | None,
-                     max_len: int, result: CheckResult) -> dict:
+def check_provenance(
+    statuses: list[RowStatus],
+    manifest: dict,
+    source: Samples | None,
+    max_len: int,
+    result: CheckResult,
+) -> dict:
     """Every (sample_index, sample_offset) once, pieces contiguous, no sample lost."""
     stats = manifest.get("stats", {})
     overlength = manifest.get("config", {}).get("overlength", "error")
@@ -198,16 +260,23 @@ def check_provenance(statuses: list[RowStatus], manifest: dict, source: Samples 
     if not statuses:
         return {"samples": 0}
     index = np.concatenate([K.as_int64(st.shard.sample_index) for st in statuses])
-    offset = np.concatenate([K.as_int64(st.shard.sample_offset[: st.shard.sample_index.size])
-                             for st in statuses])
+    offset = np.concatenate(
+        [K.as_int64(st.shard.sample_offset[: st.shard.sample_index.size]) for st in statuses]
+    )
     length = np.concatenate([st.seg_len for st in statuses])
-    shard_no = np.concatenate([np.full(st.shard.sample_index.size, i, np.int64)
-                               for i, st in enumerate(statuses)])
-    row_no = np.concatenate([np.repeat(np.arange(st.shard.rows), np.diff(st.shard.si_off))
-                             for st in statuses])
-    seg_no = np.concatenate([np.arange(st.shard.sample_index.size)
-                             - np.repeat(st.shard.si_off[:-1], np.diff(st.shard.si_off))
-                             for st in statuses])
+    shard_no = np.concatenate(
+        [np.full(st.shard.sample_index.size, i, np.int64) for i, st in enumerate(statuses)]
+    )
+    row_no = np.concatenate(
+        [np.repeat(np.arange(st.shard.rows), np.diff(st.shard.si_off)) for st in statuses]
+    )
+    seg_no = np.concatenate(
+        [
+            np.arange(st.shard.sample_index.size)
+            - np.repeat(st.shard.si_off[:-1], np.diff(st.shard.si_off))
+            for st in statuses
+        ]
+    )
     order = np.lexsort((offset, index))
     code = np.zeros(index.size, np.int64)
     K.check_coverage(index[order], offset[order], length[order], n_samples, code)
@@ -217,9 +286,17 @@ def check_provenance(statuses: list[RowStatus], manifest: dict, source: Samples 
         st = statuses[int(shard_no[i])]
         r, k = int(row_no[i]), int(seg_no[i])
         row = st.shard.row(r)
-        result.fail(Failure("structure", f"{where(st.shard.name, r, row, k)}: {text}",
-                            shard=st.shard.name, row=r, sample=int(index[i]),
-                            sample_offset=int(offset[i]), segment=k))
+        result.fail(
+            Failure(
+                "structure",
+                f"{where(st.shard.name, r, row, k)}: {text}",
+                shard=st.shard.name,
+                row=r,
+                sample=int(index[i]),
+                sample_offset=int(offset[i]),
+                segment=k,
+            )
+        )
 
     for pos in np.flatnonzero(code):
         pos = int(pos)
@@ -230,16 +307,25 @@ def check_provenance(statuses: list[RowStatus], manifest: dict, source: Samples 
         elif kind == K.DUPLICATE:
             j = int(order[pos - 1])
             other = statuses[int(shard_no[j])].shard.name
-            fail_at(pos, f"sample {index[i]} at offset {offset[i]} appears twice (also in "
-                         f"{other} row {int(row_no[j])})")
+            fail_at(
+                pos,
+                f"sample {index[i]} at offset {offset[i]} appears twice (also in "
+                f"{other} row {int(row_no[j])})",
+            )
         elif kind == K.FIRST_PIECE:
-            fail_at(pos, f"the first piece of sample {index[i]} starts at token {offset[i]}, "
-                         "not 0: its beginning is missing")
+            fail_at(
+                pos,
+                f"the first piece of sample {index[i]} starts at token {offset[i]}, "
+                "not 0: its beginning is missing",
+            )
         else:
             j = int(order[pos - 1])
             end = int(offset[j] + length[j])
-            fail_at(pos, f"this piece of sample {index[i]} starts at token {offset[i]} but the "
-                         f"previous piece ends at token {end}")
+            fail_at(
+                pos,
+                f"this piece of sample {index[i]} starts at token {offset[i]} but the "
+                f"previous piece ends at token {end}",
+            )
 
     valid = (index >= 0) & (index < n_samples)
     present = np.zeros(n_samples, bool)
@@ -248,13 +334,19 @@ def check_provenance(statuses: list[RowStatus], manifest: dict, source: Samples 
     dropped = int(stats.get("dropped", 0))
     if source is not None:
         src_len = source.lengths
-        covered = np.bincount(index[valid & (length >= 0)],
-                              weights=length[valid & (length >= 0)], minlength=n_samples)
+        covered = np.bincount(
+            index[valid & (length >= 0)], weights=length[valid & (length >= 0)], minlength=n_samples
+        )
         allowed_drop = src_len > max_len if overlength == "drop" else np.zeros(n_samples, bool)
         for i in missing[~allowed_drop[missing]][:50]:
             i = int(i)
-            result.fail(Failure("input", f"sample {i} ({source.locate(i)}, {int(src_len[i])} "
-                                "tokens) appears in no row", sample=i))
+            result.fail(
+                Failure(
+                    "input",
+                    f"sample {i} ({source.locate(i)}, {int(src_len[i])} tokens) appears in no row",
+                    sample=i,
+                )
+            )
         n_bad = int((~allowed_drop[missing]).sum())
         result.failure_count += max(0, n_bad - 50)
         truncated_ok = (overlength == "truncate") & (src_len > max_len) & (covered == max_len)
@@ -263,18 +355,32 @@ def check_provenance(statuses: list[RowStatus], manifest: dict, source: Samples 
             short &= False  # unusable rows are reported already; lengths are not known
         for i in np.flatnonzero(short)[:50]:
             i = int(i)
-            result.fail(Failure("input", f"sample {i} ({source.locate(i)}) is covered for "
-                                f"{int(covered[i])} of its {int(src_len[i])} tokens", sample=i))
+            result.fail(
+                Failure(
+                    "input",
+                    f"sample {i} ({source.locate(i)}) is covered for "
+                    f"{int(covered[i])} of its {int(src_len[i])} tokens",
+                    sample=i,
+                )
+            )
     elif missing.size != dropped:
         listed = ", ".join(str(int(i)) for i in missing[:10])
         more = f" and {missing.size - 10} more" if missing.size > 10 else ""
-        result.fail(Failure("structure", f"sample{'s' if missing.size > 1 else ''} {listed}{more} "
-                            f"appear{'s' if missing.size == 1 else ''} in no row, but the "
-                            f"manifest records {dropped} dropped sample(s) "
-                            f"({missing.size} of {n_samples} are missing)",
-                            sample=int(missing[0]) if missing.size else None))
-    return {"samples": int(present.sum()), "segments": int(index.size),
-            "missing_samples": int(missing.size)}
+        result.fail(
+            Failure(
+                "structure",
+                f"sample{'s' if missing.size > 1 else ''} {listed}{more} "
+                f"appear{'s' if missing.size == 1 else ''} in no row, but the "
+                f"manifest records {dropped} dropped sample(s) "
+                f"({missing.size} of {n_samples} are missing)",
+                sample=int(missing[0]) if missing.size else None,
+            )
+        )
+    return {
+        "samples": int(present.sum()),
+        "segments": int(index.size),
+        "missing_samples": int(missing.size),
+    }
 
 
 def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult) -> None:
@@ -285,9 +391,26 @@ def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult
         code = np.zeros(sh.rows, np.int64)
         a, b, c = (np.zeros(sh.rows, np.int64) for _ in range(3))
         skip = ~st.cu_usable
-        K.compare_source(sh.ids_off, sh.ids, sh.lab_off, sh.labels, sh.cu_off, sh.cu, sh.si_off,
-                         sh.sample_index, sh.so_off, sh.sample_offset, skip, source.tokens,
-                         src_labels, source.offsets, code, a, b, c)
+        K.compare_source(
+            sh.ids_off,
+            sh.ids,
+            sh.lab_off,
+            sh.labels,
+            sh.cu_off,
+            sh.cu,
+            sh.si_off,
+            sh.sample_index,
+            sh.so_off,
+            sh.sample_offset,
+            skip,
+            source.tokens,
+            src_labels,
+            source.offsets,
+            code,
+            a,
+            b,
+            c,
+        )
         for r in np.flatnonzero(code):
             r = int(r)
             row = sh.row(r)
@@ -297,21 +420,39 @@ def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult
             if kind == K.SRC_INDEX:
                 text = f"sample_index {j} is outside the {source.num_samples} input samples"
             elif kind == K.SRC_RANGE:
-                text = (f"the piece ends at token {j} but the source sample has only {v} "
-                        f"tokens ({source.locate(idx)})")
+                text = (
+                    f"the piece ends at token {j} but the source sample has only {v} "
+                    f"tokens ({source.locate(idx)})"
+                )
             else:
                 col = "token" if kind == K.SRC_TOKEN else "label"
                 arr = source.tokens if kind == K.SRC_TOKEN else src_labels
                 want = int(arr[int(source.offsets[idx]) + (off or 0) + j])
-                text = (f"{col} {(off or 0) + j} of the sample is {v} but the source has {want} "
-                        f"({source.locate(idx)})")
-            result.fail(Failure("input", f"{where(sh.name, r, row, k)}: {text}", shard=sh.name,
-                                row=r, sample=idx, sample_offset=off, segment=k))
+                text = (
+                    f"{col} {(off or 0) + j} of the sample is {v} but the source has {want} "
+                    f"({source.locate(idx)})"
+                )
+            result.fail(
+                Failure(
+                    "input",
+                    f"{where(sh.name, r, row, k)}: {text}",
+                    shard=sh.name,
+                    row=r,
+                    sample=idx,
+                    sample_offset=off,
+                    segment=k,
+                )
+            )
 
 
-def check_structure(output_dir: Path, manifest: dict, source: Samples | None,
-                    structure: CheckResult, manifest_check: CheckResult,
-                    input_check: CheckResult | None) -> list[RowStatus]:
+def check_structure(
+    output_dir: Path,
+    manifest: dict,
+    source: Samples | None,
+    structure: CheckResult,
+    manifest_check: CheckResult,
+    input_check: CheckResult | None,
+) -> list[RowStatus]:
     """Run all CPU checks; fill the three results; return the per-shard row status."""
     t0 = time.perf_counter()
     cfg = manifest.get("config", {})
@@ -325,16 +466,28 @@ def check_structure(output_dir: Path, manifest: dict, source: Samples | None,
         listed.add(name)
         path = output_dir / name
         if not path.is_file():
-            manifest_check.fail(Failure("manifest", f"{name}: listed in the manifest but missing",
-                                        shard=name))
+            manifest_check.fail(
+                Failure("manifest", f"{name}: listed in the manifest but missing", shard=name)
+            )
             continue
         digest = hashing.recorded(entry)
         if digest and hashing.file_digest(path, digest[0]) != digest[1]:
-            manifest_check.fail(Failure("manifest", f"{name}: {digest[0]} differs from the "
-                                        "manifest (the shard changed after packing)", shard=name))
+            manifest_check.fail(
+                Failure(
+                    "manifest",
+                    f"{name}: {digest[0]} differs from the "
+                    "manifest (the shard changed after packing)",
+                    shard=name,
+                )
+            )
         if "bytes" in entry and path.stat().st_size != int(entry["bytes"]):
-            manifest_check.fail(Failure("manifest", f"{name}: {path.stat().st_size} bytes, the "
-                                        f"manifest says {entry['bytes']}", shard=name))
+            manifest_check.fail(
+                Failure(
+                    "manifest",
+                    f"{name}: {path.stat().st_size} bytes, the manifest says {entry['bytes']}",
+                    shard=name,
+                )
+            )
         try:
             shard = read_shard(path)
         except (ValueError, OSError) as exc:
@@ -344,11 +497,17 @@ def check_structure(output_dir: Path, manifest: dict, source: Samples | None,
         check_manifest_entry(entry, shard, manifest_check)
         statuses.append(status)
     for extra in sorted(p.name for p in output_dir.glob("*.arrow") if p.name not in listed):
-        manifest_check.fail(Failure("manifest", f"{extra}: an .arrow file in the output that the "
-                                    "manifest does not list", shard=extra))
+        manifest_check.fail(
+            Failure(
+                "manifest",
+                f"{extra}: an .arrow file in the output that the manifest does not list",
+                shard=extra,
+            )
+        )
 
-    prov = check_provenance(statuses, manifest, source,
-                            max_len, input_check if source is not None else structure)
+    prov = check_provenance(
+        statuses, manifest, source, max_len, input_check if source is not None else structure
+    )
     real, pad_tokens = _token_totals(statuses, pad)
     stats = manifest.get("stats", {})
     totals = {
@@ -362,16 +521,26 @@ def check_structure(output_dir: Path, manifest: dict, source: Samples | None,
     if structure.ok:
         for key, value in totals.items():
             if key in stats and int(stats[key]) != value:
-                manifest_check.fail(Failure("manifest", f"manifest stats say {stats[key]} {key} "
-                                            f"but the shards hold {value}"))
+                manifest_check.fail(
+                    Failure(
+                        "manifest",
+                        f"manifest stats say {stats[key]} {key} but the shards hold {value}",
+                    )
+                )
     if source is not None and input_check is not None:
         check_source(statuses, source, input_check)
-        input_check.details.update({"samples": source.num_samples,
-                                    "tokens": source.num_tokens})
-    structure.details.update({
-        "shards": len(statuses), "rows": totals["rows"], "samples": totals["samples_packed"],
-        "segments": totals["segments"], "tokens": real, "pad_tokens": pad_tokens,
-        "max_len": max_len, "seconds": round(time.perf_counter() - t0, 3),
-    })
+        input_check.details.update({"samples": source.num_samples, "tokens": source.num_tokens})
+    structure.details.update(
+        {
+            "shards": len(statuses),
+            "rows": totals["rows"],
+            "samples": totals["samples_packed"],
+            "segments": totals["segments"],
+            "tokens": real,
+            "pad_tokens": pad_tokens,
+            "max_len": max_len,
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
+    )
     manifest_check.details.update({"shards": len(manifest["shards"])})
     return statuses
