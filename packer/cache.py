@@ -310,11 +310,12 @@ def stream_samples(
                 len(rejects.records) if rejects else 0,
                 dict(rejects.counts) if rejects else None,
             )
-            try:
-                src = _stream_file(
+
+            def stream(tables, path=path, fmt=fmt, first=first):
+                return _stream_file(
                     path,
                     fmt,
-                    BATCH_READERS[fmt](path, columns, batch_bytes),
+                    tables,
                     columns,
                     first,
                     input_column,
@@ -325,6 +326,9 @@ def stream_samples(
                     len_parts,
                     index_parts,
                 )
+
+            try:
+                src = stream(BATCH_READERS[fmt](path, columns, batch_bytes))
             except _Restart:
                 out[0].rewind(marks[0])
                 out[1].rewind(marks[1])
@@ -332,20 +336,7 @@ def stream_samples(
                 if rejects:
                     del rejects.records[marks[3] :]
                     rejects.counts = marks[4]
-                src = _stream_file(
-                    path,
-                    fmt,
-                    iter([READERS[fmt](path, columns)]),
-                    columns,
-                    first,
-                    input_column,
-                    labels_column,
-                    on_error,
-                    rejects,
-                    out,
-                    len_parts,
-                    index_parts,
-                )
+                src = stream(iter([READERS[fmt](path, columns)]))
             check_schema(src, sources, labels_column, require_labels)
             sources.append(src)
             first += src.num_samples
