@@ -196,8 +196,10 @@ def _jsonl_batches(path: Path, columns: list[str], batch_bytes: int = 0) -> Iter
     try:
         reader = pa_json.open_json(
             pa.input_stream(str(path), compression=compression),
+            # the streaming JSON reader keeps tens of blocks in flight on its threads (its pool
+            # peaked at ~45 blocks here), so a block is a quarter of a batch
             read_options=pa_json.ReadOptions(
-                block_size=min(_JSON_BLOCK, max(batch_bytes, 1 << 16))
+                block_size=min(_JSON_BLOCK, max(batch_bytes // 4, 1 << 16))
                 if batch_bytes
                 else _JSON_BLOCK
             ),

@@ -7,6 +7,7 @@ apart, and out of core the peak should not grow with the input.
 
     python scripts/bench_memory.py                        # 250k and 1M samples
     python scripts/bench_memory.py --sizes 50000 200000 --budget 512MiB
+    python scripts/bench_memory.py --format jsonl --sizes 50000 200000
 """
 
 from __future__ import annotations
@@ -52,6 +53,22 @@ def run(cmd: list[str]) -> tuple[float, int, dict]:
     return elapsed, peak, json.loads(out)
 
 
+def to_jsonl(parquet: Path, path: Path) -> Path:
+    """The rows of a Parquet file as JSONL (written once, then reused)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            for batch in pq.ParquetFile(parquet).iter_batches(batch_size=10_000):
+                for row in batch.to_pylist():
+                    fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        tmp.rename(path)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs=2, default=[250_000, 1_000_000])
@@ -59,6 +76,12 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=2048)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--data-dir", default=str(ROOT / "bench-data"))
+    parser.add_argument(
+        "--format",
+        choices=["parquet", "jsonl"],
+        default="parquet",
+        help="input format of the two sizes (JSONL: the same rows, one JSON object per line)",
+    )
     args = parser.parse_args()
 
     import pyarrow.parquet as pq
@@ -79,6 +102,8 @@ def main() -> None:
             table = pf.read().slice(0, n)
             pq.write_table(table, path, row_group_size=65536)
             del table
+        if args.format == "jsonl":
+            path = to_jsonl(path, data_dir / f"lognormal-head-{n}.jsonl")
         inputs.append((n, path))
 
     work = Path(tempfile.mkdtemp(prefix="packer-mem-", dir=data_dir))
