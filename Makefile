@@ -35,6 +35,7 @@ bench: setup
 	$(BIN)/python scripts/bench_plan.py
 	$(BIN)/python scripts/bench_pack.py --runs 5 --trl-runs 3
 	$(BIN)/python scripts/bench_memory.py --sizes 250000 1000000
+	$(BIN)/python scripts/bench_memory.py --format jsonl --sizes 50000 200000
 
 train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py
