@@ -136,3 +136,61 @@ def test_failed_write_stops_the_queue_and_closes_the_shard(tmp_path, monkeypatch
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)]
     assert not (tmp_path / "out").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["d.jsonl"]
+
+
+def test_verify_reads_batches_in_place_and_names_shard_rows(tmp_path, monkeypatch, cli):
+    """verify maps each record batch without copying it, and a fault in a later batch is
+    reported with its row number in the shard file."""
+    import json
+
+    import pyarrow as pa
+    import xxhash
+
+    import packer.shards
+    from packer.verify.shards import read_shard
+    from packer.writer import SCHEMA
+
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=6, median=30))
+    monkeypatch.setattr(packer.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
+    out = tmp_path / "out"
+    cfg = packer.PackConfig(max_len=128, overlength="split", shard_rows=6)
+    result = packer.pack([src], out, cfg)
+    first = out / result.shards[0]["file"]
+    batches = read_shard(first)
+    assert [(b.first_row, b.rows) for b in batches] == [(0, 2), (2, 2), (4, 2)]
+    before = pa.total_allocated_bytes()
+    batches = read_shard(first)
+    assert pa.total_allocated_bytes() == before  # views of the memory map, nothing copied
+    del batches  # the file is rewritten below: no mapping of it may stay in use
+
+    # a row holding two samples or more in the last batch of some shard
+    def candidates():
+        for n, entry in enumerate(result.shards):
+            shard = out / entry["file"]
+            stream = list(pa.ipc.open_stream(pa.py_buffer(shard.read_bytes())))
+            rows = stream[-1].to_pylist()
+            multi = [i for i, row in enumerate(rows) if len(row["cu_seqlens"]) > 2]
+            if len(stream) > 1 and multi:
+                yield n, shard, stream, rows, multi
+
+    n, shard, stream, rows, multi = next(candidates())
+    r, first_row = multi[0], sum(b.num_rows for b in stream[:-1])
+    assert first_row > 0
+    s, e = rows[r]["cu_seqlens"][1], rows[r]["cu_seqlens"][2]
+    rows[r]["position_ids"][s:e] = list(range(s, e))  # positions that do not restart
+    stream[-1] = pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
+    with pa.OSFile(str(shard), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+        for batch in stream:
+            writer.write_batch(batch)
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"][n]["xxh3_128"] = xxhash.xxh3_128(shard.read_bytes()).hexdigest()
+    manifest["shards"][n]["bytes"] = shard.stat().st_size
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+    res = cli("verify", out, "--json", "--rows", "1")
+    assert res.exit_code == 1
+    report = json.loads(res.stdout)
+    [failure] = report["checks"]["structure"]["failures"]
+    assert failure["message"].startswith(f"{shard.name} row {first_row + r}, sample ")
+    assert "position_ids do not restart" in failure["message"]
+    assert report["checks"]["structure"]["shards"] == len(result.shards)

@@ -107,7 +107,9 @@ def verify(
             n_seg = (st.shard.cu_off[1:] - st.shard.cu_off[:-1]) - 1
             candidates += [(s, int(r), int(n_seg[r])) for r in range(st.shard.rows) if usable[r]]
         picked = [
-            RowInput(statuses[s].shard.name, r, statuses[s].shard.row(r))
+            RowInput(
+                statuses[s].shard.name, statuses[s].shard.shard_row(r), statuses[s].shard.row(r)
+            )
             for s, r in pick_rows(candidates, count, seed)
         ]
         checks["attention"] = CheckResult("attention")

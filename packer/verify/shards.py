@@ -1,7 +1,8 @@
 """Read a packer output for verification: the manifest and each shard as flat numpy arrays.
 
-Shards are read through a memory map; every list column is kept as Arrow's own `offsets` +
-`values`, so the numba checks run over the whole shard without per-row Python objects.
+Shards are read through a memory map, one record batch at a time: every list column is kept as
+Arrow's own `offsets` + `values` of that batch (no copy), so the numba checks run over whole
+batches without per-row Python objects and verifying a large output needs little memory.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ MANIFEST = "manifest.json"
 
 @dataclass
 class ShardArrays:
-    """One shard's columns; list column X is `X[X_off[r]:X_off[r + 1]]` for row r."""
+    """One record batch of a shard; list column X is `X[X_off[r]:X_off[r + 1]]` for row r.
+
+    Rows are numbered from 0 within the batch; `first_row + r` is the row in the shard file.
+    """
 
     name: str
     rows: int
@@ -38,6 +42,11 @@ class ShardArrays:
     so_off: np.ndarray
     sample_offset: np.ndarray
     num_loss: np.ndarray
+    first_row: int = 0
+
+    def shard_row(self, r: int) -> int:
+        """The row's number in its shard file, as messages give it."""
+        return self.first_row + r
 
     def row_slice(self, r: int) -> slice:
         return slice(int(self.ids_off[r]), int(self.ids_off[r + 1]))
@@ -88,18 +97,29 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
-def read_shard(path: Path) -> ShardArrays:
-    """Load one Arrow IPC stream shard; raises ValueError with a one-line reason."""
-    with pa.memory_map(str(path)) as source:
-        try:
-            table = pa.ipc.open_stream(source).read_all()
-        except pa.ArrowInvalid as exc:
-            raise ValueError(f"not an Arrow IPC stream ({exc})") from None
-    return arrays_from_table(table, path.name)
+def read_shard(path: Path) -> list[ShardArrays]:
+    """The record batches of one Arrow IPC stream shard, as zero-copy arrays of the mapped file.
+
+    Raises ValueError with a one-line reason. A shard without batches gives one empty batch.
+    """
+    source = pa.memory_map(str(path))
+    try:
+        reader = pa.ipc.open_stream(source)
+        batches = list(reader)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"not an Arrow IPC stream ({exc})") from None
+    if not batches:
+        return [arrays_from_table(reader.schema.empty_table(), path.name)]
+    out, first = [], 0
+    for batch in batches:
+        out.append(arrays_from_table(pa.Table.from_batches([batch]), path.name, first))
+        first += batch.num_rows
+    return out
 
 
-def arrays_from_table(table: pa.Table, name: str) -> ShardArrays:
-    """The flat arrays of a shard table; raises ValueError when it breaks the schema."""
+def arrays_from_table(table: pa.Table, name: str, first_row: int = 0) -> ShardArrays:
+    """The flat arrays of a shard table (zero-copy when it is one batch); raises ValueError
+    when it breaks the schema."""
     problem = schema_problem(table.schema)
     if problem:
         raise ValueError(problem)
@@ -132,4 +152,5 @@ def arrays_from_table(table: pa.Table, name: str) -> ShardArrays:
         so_off,
         sample_offset,
         num_loss,
+        first_row,
     )

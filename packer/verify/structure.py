@@ -21,7 +21,7 @@ from packer.verify.shards import ShardArrays, read_shard
 
 @dataclass
 class RowStatus:
-    """Per-shard kernel output kept for the later checks (attention rows are picked from it)."""
+    """Per-batch kernel output kept for the later checks (attention rows are picked from it)."""
 
     shard: ShardArrays
     code: np.ndarray
@@ -200,7 +200,7 @@ def check_shard_rows(
         result.fail(
             row_message(
                 shard.name,
-                r,
+                shard.shard_row(r),
                 shard.row(r),
                 int(code[r]),
                 int(a[r]),
@@ -217,13 +217,14 @@ def _num_tokens(shard: ShardArrays) -> int:
     return int(shard.ids_off[-1] - shard.ids_off[0]) if shard.rows else 0
 
 
-def check_manifest_entry(entry: dict, shard: ShardArrays, result: CheckResult) -> None:
-    """Counts the manifest records for a shard against the shard itself."""
+def check_manifest_entry(entry: dict, batches: list[ShardArrays], result: CheckResult) -> None:
+    """Counts the manifest records for a shard against the shard's record batches."""
+    shard = batches[0]
     found = {
-        "rows": shard.rows,
-        "tokens": _num_tokens(shard),
-        "segments": int(shard.sample_index.size),
-        "loss_tokens": int(shard.num_loss.sum()),
+        "rows": sum(b.rows for b in batches),
+        "tokens": sum(_num_tokens(b) for b in batches),
+        "segments": sum(int(b.sample_index.size) for b in batches),
+        "loss_tokens": sum(int(b.num_loss.sum()) for b in batches),
     }
     for key, value in found.items():
         if key in entry and int(entry[key]) != value:
@@ -289,9 +290,9 @@ def check_provenance(
         result.fail(
             Failure(
                 "structure",
-                f"{where(st.shard.name, r, row, k)}: {text}",
+                f"{where(st.shard.name, st.shard.shard_row(r), row, k)}: {text}",
                 shard=st.shard.name,
-                row=r,
+                row=st.shard.shard_row(r),
                 sample=int(index[i]),
                 sample_offset=int(offset[i]),
                 segment=k,
@@ -306,11 +307,11 @@ def check_provenance(
             fail_at(pos, f"sample_index {index[i]} is outside the {n_samples} input samples")
         elif kind == K.DUPLICATE:
             j = int(order[pos - 1])
-            other = statuses[int(shard_no[j])].shard.name
+            other = statuses[int(shard_no[j])].shard.name  # a batch: name + first_row
             fail_at(
                 pos,
                 f"sample {index[i]} at offset {offset[i]} appears twice (also in "
-                f"{other} row {int(row_no[j])})",
+                f"{other} row {statuses[int(shard_no[j])].shard.shard_row(int(row_no[j]))})",
             )
         elif kind == K.FIRST_PIECE:
             fail_at(
@@ -435,9 +436,9 @@ def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult
             result.fail(
                 Failure(
                     "input",
-                    f"{where(sh.name, r, row, k)}: {text}",
+                    f"{where(sh.name, sh.shard_row(r), row, k)}: {text}",
                     shard=sh.name,
-                    row=r,
+                    row=sh.shard_row(r),
                     sample=idx,
                     sample_offset=off,
                     segment=k,
@@ -460,6 +461,7 @@ def check_structure(
     pad = bool(cfg.get("pad", False))
     pad_id = int(cfg.get("pad_id", 0))
     statuses: list[RowStatus] = []
+    shards_read = 0
     listed = set()
     for entry in manifest["shards"]:
         name = str(entry.get("file", ""))
@@ -489,13 +491,13 @@ def check_structure(
                 )
             )
         try:
-            shard = read_shard(path)
+            batches = read_shard(path)
         except (ValueError, OSError) as exc:
             structure.fail(Failure("structure", f"{name}: {exc}", shard=name))
             continue
-        status = check_shard_rows(shard, max_len, pad, pad_id, structure)
-        check_manifest_entry(entry, shard, manifest_check)
-        statuses.append(status)
+        statuses += [check_shard_rows(b, max_len, pad, pad_id, structure) for b in batches]
+        shards_read += 1
+        check_manifest_entry(entry, batches, manifest_check)
     for extra in sorted(p.name for p in output_dir.glob("*.arrow") if p.name not in listed):
         manifest_check.fail(
             Failure(
@@ -532,7 +534,7 @@ def check_structure(
         input_check.details.update({"samples": source.num_samples, "tokens": source.num_tokens})
     structure.details.update(
         {
-            "shards": len(statuses),
+            "shards": shards_read,
             "rows": totals["rows"],
             "samples": totals["samples_packed"],
             "segments": totals["segments"],
