@@ -159,9 +159,10 @@ def test_verify_reads_batches_in_place_and_names_shard_rows(tmp_path, monkeypatc
     batches = read_shard(first)
     assert [(b.first_row, b.rows) for b in batches] == [(0, 2), (2, 2), (4, 2)]
     before = pa.total_allocated_bytes()
-    batches = read_shard(first)
+    again = read_shard(first)  # while `batches` is alive too
     assert pa.total_allocated_bytes() == before  # views of the memory map, nothing copied
-    del batches  # the file is rewritten below: no mapping of it may stay in use
+    assert not again[1].ids.flags.owndata
+    del batches, again  # the file is rewritten below: no mapping of it may stay in use
 
     # a row holding two samples or more in the last batch of some shard
     def candidates():

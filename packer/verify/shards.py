@@ -123,7 +123,11 @@ def arrays_from_table(table: pa.Table, name: str, first_row: int = 0) -> ShardAr
     problem = schema_problem(table.schema)
     if problem:
         raise ValueError(problem)
-    cols = {c: table.column(c).combine_chunks() for c in table.column_names}
+    # one chunk is used as it is: combine_chunks would copy even a single chunk
+    cols = {
+        c: col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        for c, col in zip(table.column_names, table.columns)
+    }
     if table.num_rows == 0:
         cols = {c: pa.array([], SCHEMA.field(c).type) for c in SCHEMA.names}
     for column in SCHEMA.names:
