@@ -63,7 +63,7 @@ def plan_command(
                 f"unknown --strategy '{strategy}' (choose from all, {', '.join(STRATEGIES)})"
             )
         names = STRATEGIES if strategy == "all" else (strategy,)
-        samples = read_samples(inputs, input_column, labels_column=None)
+        samples = read_samples(inputs, input_column, labels_column=None, chunked=True)
         lengths = resolve(samples, max_len, overlength).length
         report = compare_strategies(lengths, max_len, names, seed=seed, window=window)
         if json_out:
