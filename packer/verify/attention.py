@@ -355,6 +355,14 @@ def _label(
     return f"{shard} row {r}, padding (tokens {a}..{b - 1})", k, None
 
 
+def _failure(check: str, item: RowInput, label: tuple, text: str) -> Failure:
+    """A failure about one sample of a checked row, placed as `_label` names it."""
+    place, seg, idx = label
+    return Failure(
+        check, f"{place}: {text}", shard=item.shard, row=item.row, sample=idx, segment=seg
+    )
+
+
 def run_attention(
     rows: list[RowInput],
     backend: Backend,
@@ -400,30 +408,26 @@ def run_attention(
                 ref = float((packed[a:b] - _reference(q[a:b], k[a:b], v[a:b])).abs().max())
                 leak = float((causal[a:b] - alone).abs().max())
                 iso_max, ref_max = max(iso_max, iso), max(ref_max, ref)
-                place, seg, idx = _label(item.shard, item.row, row, a, b, j)
+                label = _label(item.shard, item.row, row, a, b, j)
                 if iso > tol:
                     isolation.fail(
-                        Failure(
+                        _failure(
                             "attention",
-                            f"{place}: the packed {backend.name} forward differs from "
+                            item,
+                            label,
+                            f"the packed {backend.name} forward differs from "
                             f"the sample run alone by {iso:.3g} (tolerance {tol:g}): attention "
                             "crosses a sample boundary",
-                            shard=item.shard,
-                            row=item.row,
-                            sample=idx,
-                            segment=seg,
                         )
                     )
                 elif ref > tol:
                     isolation.fail(
-                        Failure(
+                        _failure(
                             "attention",
-                            f"{place}: the packed {backend.name} forward differs from "
+                            item,
+                            label,
+                            f"the packed {backend.name} forward differs from "
                             f"the fp32 reference by {ref:.3g} (tolerance {tol:g})",
-                            shard=item.shard,
-                            row=item.row,
-                            sample=idx,
-                            segment=seg,
                         )
                     )
                 if j == 0:
@@ -432,15 +436,13 @@ def run_attention(
                 leaks.append(leak)
                 if leak <= threshold:
                     control.fail(
-                        Failure(
+                        _failure(
                             "negative_control",
-                            f"{place}: plain causal attention over the whole "
+                            item,
+                            label,
+                            f"plain causal attention over the whole "
                             f"row changes this sample by only {leak:.3g} (needs > {threshold:g}): "
                             "the check could not see a leak here, so it proves nothing",
-                            shard=item.shard,
-                            row=item.row,
-                            sample=idx,
-                            segment=seg,
                         )
                     )
     synthetic = False

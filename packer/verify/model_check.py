@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from packer.verify.attention import RowInput, _label, alone_segments
-from packer.verify.result import CheckResult, Failure
+from packer.verify.attention import RowInput, _failure, _label, alone_segments
+from packer.verify.result import CheckResult
 
 LOSS_TOLERANCE = 1e-4  # per-sample mean loss, fp32
 LOGITS_TOLERANCE = 1e-4
@@ -92,31 +92,27 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
                 d_loss = abs(mean_packed - mean_alone)
                 d_logits = float((packed[a:b] - alone).abs().max())
                 loss_max, logits_max = max(loss_max, d_loss), max(logits_max, d_logits)
-                place, seg, idx = _label(item.shard, item.row, row, a, b, j)
+                label = _label(item.shard, item.row, row, a, b, j)
                 if n_packed != n_alone:
                     result.fail(
-                        Failure(
+                        _failure(
                             "model",
-                            f"{place}: the packed row trains {n_packed} targets of this "
+                            item,
+                            label,
+                            f"the packed row trains {n_packed} targets of this "
                             f"sample, alone it has {n_alone}: its first token is the target of the "
                             "previous sample's last token",
-                            shard=item.shard,
-                            row=item.row,
-                            sample=idx,
-                            segment=seg,
                         )
                     )
                 elif d_loss > LOSS_TOLERANCE or d_logits > LOGITS_TOLERANCE:
                     result.fail(
-                        Failure(
+                        _failure(
                             "model",
-                            f"{place}: the tiny model's loss differs by {d_loss:.3g} and its "
+                            item,
+                            label,
+                            f"the tiny model's loss differs by {d_loss:.3g} and its "
                             f"logits by {d_logits:.3g} between the packed row and the sample alone "
                             f"(tolerance {LOSS_TOLERANCE:g})",
-                            shard=item.shard,
-                            row=item.row,
-                            sample=idx,
-                            segment=seg,
                         )
                     )
                 if j > 0:
@@ -124,14 +120,12 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
                     leaks.append(leak)
                     if leak <= LEAK_FACTOR * LOGITS_TOLERANCE:
                         result.fail(
-                            Failure(
+                            _failure(
                                 "model",
-                                f"{place}: under a plain causal mask the logits change by "
+                                item,
+                                label,
+                                f"under a plain causal mask the logits change by "
                                 f"only {leak:.3g}: the model check could not see a leak here",
-                                shard=item.shard,
-                                row=item.row,
-                                sample=idx,
-                                segment=seg,
                             )
                         )
     result.details.update(
