@@ -227,51 +227,27 @@ def test_write_limit_is_a_clean_error(tmp_path):
         tmp_path / "d.parquet", make_samples(4000, seed=2, median=200, max_len=1000)
     )
     out = tmp_path / "out"
+
+    def pack_to(dest: Path, **kwargs) -> subprocess.CompletedProcess:
+        argv = ["pack", str(data), "-o", str(dest), "-L", "1024", "--shard-rows", "100"]
+        return subprocess.run(
+            [sys.executable, "-m", "packer.cli", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            **kwargs,
+        )
+
     # warm numba's on-disk JIT cache first: on a fresh checkout its cache files are written
     # at the first run, and the file-size limit below is meant for the shards alone
-    warm = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "packer.cli",
-            "pack",
-            str(data),
-            "-o",
-            str(tmp_path / "warm"),
-            "-L",
-            "1024",
-            "--shard-rows",
-            "100",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    warm = pack_to(tmp_path / "warm")
     assert warm.returncode == 0, warm.stderr
 
     def limit():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
 
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "packer.cli",
-            "pack",
-            str(data),
-            "-o",
-            str(out),
-            "-L",
-            "1024",
-            "--shard-rows",
-            "100",
-        ],
-        capture_output=True,
-        text=True,
-        preexec_fn=limit,
-        timeout=120,
-    )
+    proc = pack_to(out, preexec_fn=limit)
     assert proc.returncode == 1, proc.stderr
     line = proc.stderr.strip()
     assert line.startswith(f"error: {out}: cannot write the output: File too large"), line
