@@ -1,7 +1,8 @@
 """Gather planned rows into record batches and write them as shards, on separate cores.
 
-A shard is an Arrow IPC stream of record batches of at most `BATCH_TOKENS` tokens, so the
-gather buffers, and with them packer's memory, do not grow with the shard size or the input.
+A shard is an Arrow IPC stream of record batches of `BATCH_TOKENS // L` rows (one at least),
+so the gather buffers, and with them packer's memory, do not grow with the shard size or the
+input.
 The batch size is fixed (not derived from `--memory-budget` or `--workers`): the output bytes
 never depend on the machine.
 
@@ -31,7 +32,7 @@ from packer.writer import ShardWriter, shard_batch
 
 Progress = Callable[[str, int, int], None]
 
-BATCH_TOKENS = 1 << 20  # per record batch: 4 MiB per int32 column, like HF datasets' batches
+BATCH_TOKENS = 1 << 20  # per record batch (4 MiB per int32 column); one row when L is larger
 
 
 def shard_bounds(num_rows: int, rows_per_shard: int) -> list[tuple[int, int]]:
