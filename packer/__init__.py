@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from packer.config import PackConfig  # noqa: E402
+from packer.own_outputs import PackedInputError  # noqa: E402
 from packer.pipeline import PackResult, pack, read_manifest  # noqa: E402
 from packer.planning import Plan, lower_bound, plan  # noqa: E402
 from packer.readers import read_samples  # noqa: E402
@@ -10,6 +11,7 @@ from packer.readers import read_samples  # noqa: E402
 __all__ = [
     "PackConfig",
     "PackResult",
+    "PackedInputError",
     "Plan",
     "__version__",
     "lower_bound",

@@ -168,6 +168,13 @@ def pack(
         "--overwrite",
         help="Replace an existing output (kept in place until the new one is complete).",
     ),
+    repack: bool = typer.Option(
+        False,
+        "--repack",
+        help="INPUT is a packer output: read its rows back into the original samples (split "
+        "pieces joined, padding dropped, sample_index kept) and pack them again, e.g. with "
+        "another L. Without it, packer outputs are never read as input.",
+    ),
     config: Optional[Path] = typer.Option(
         None, "--config", "-c", help="YAML preset of these options; flags given here override it."
     ),
@@ -221,11 +228,16 @@ def pack(
                 progress=progress,
                 workers=workers,
                 memory_budget=memory_budget,
+                repack=repack,
             )
         report = result.report()
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
         else:
+            for skipped in result.skipped_inputs:
+                stderr.print(
+                    f"note: skipped {skipped}: a packer output, not samples", highlight=False
+                )
             stderr.print(pack_table(report, cfg.max_len))
 
 

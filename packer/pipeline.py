@@ -47,6 +47,7 @@ class PackResult:
     shards: list[dict]
     seconds: float
     timings: dict = field(default_factory=dict)
+    skipped_inputs: list[str] = field(default_factory=list)  # packer outputs left out
 
     def report(self) -> dict:
         """The machine-readable summary printed by `packer pack --json`."""
@@ -55,6 +56,7 @@ class PackResult:
             "seconds": round(self.seconds, 3),
             "shards": len(self.shards),
             "output": str(self.output),
+            "skipped_inputs": self.skipped_inputs,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
@@ -88,9 +90,14 @@ def compute_stats(
 
 
 def build_manifest(
-    cfg: PackConfig, samples: Samples, stats: dict, shards: list[dict], rejects: dict | None = None
+    cfg: PackConfig,
+    samples: Samples,
+    stats: dict,
+    shards: list[dict],
+    rejects: dict | None = None,
+    repacked_from: dict | None = None,
 ) -> dict:
-    return {
+    manifest = {
         "packer_version": __version__,
         "format_version": FORMAT_VERSION,
         "config": cfg.to_dict(),
@@ -112,6 +119,9 @@ def build_manifest(
         "rejects": rejects,
         "stats": stats,
     }
+    if repacked_from is not None:
+        manifest["repacked_from"] = repacked_from
+    return manifest
 
 
 def _write_rejects(samples: Samples, tmp: Path, algorithm: str) -> dict:
@@ -137,11 +147,16 @@ def pack(
     workers: int | None = None,
     memory_budget: int | str | None = None,
     out_of_core: bool | None = None,
+    repack: bool = False,
 ) -> PackResult:
     """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
 
     The output appears only when complete: it is built in a hidden sibling directory and
     renamed into place, so a failed or killed run never leaves shards that look finished.
+
+    Packer outputs are never read as samples (their rows are already packed): inside
+    directories and globs they are skipped, named directly they are refused. `repack=True`
+    reads one packer output back into its original samples instead (see `packer.repack`).
     """
     t0 = time.perf_counter()
     cfg = config.validate()
@@ -149,8 +164,17 @@ def pack(
     out = Path(output_dir)
     output.check_target(out, overwrite)
     timings = {}
+    if repack:
+        from packer.repack import check_repack_inputs, read_packed
 
-    inputs = list(inputs)
+        samples, origin = read_packed(check_repack_inputs(list(inputs)))
+        timings["read"] = time.perf_counter() - t0
+        return _pack_samples(
+            samples, out, cfg, overwrite, progress, workers, timings, t0, False, origin
+        )
+
+    skipped: list[Path] = []
+    inputs = expand_inputs(inputs, skip=out, skipped=skipped)
     n_files = [0]
 
     def on_file(_path: Path) -> None:
@@ -162,7 +186,7 @@ def pack(
     labels_column = cfg.labels_column or None
     if out_of_core is None:
         columns = [cfg.input_column] + ([labels_column] if labels_column else [])
-        out_of_core = needs_out_of_core(expand_inputs(inputs), columns, budget)
+        out_of_core = needs_out_of_core(inputs, columns, budget)
     cache_dir = None
     try:
         if out_of_core:
@@ -191,9 +215,11 @@ def pack(
                 chunked=True,
             )
         timings["read"] = time.perf_counter() - t0
-        return _pack_samples(
+        result = _pack_samples(
             samples, out, cfg, overwrite, progress, workers, timings, t0, out_of_core
         )
+        result.skipped_inputs = [str(p) for p in skipped]
+        return result
     finally:
         if cache_dir is not None:
             remove_cache_dir(cache_dir)
@@ -209,6 +235,7 @@ def _pack_samples(
     timings: dict,
     t0: float,
     out_of_core: bool,
+    repacked_from: dict | None = None,
 ) -> PackResult:
     timings["out_of_core"] = float(out_of_core)
 
@@ -238,7 +265,7 @@ def _pack_samples(
             stats["global_rows"] = global_rows
             stats["window_cost"] = round(pl.num_rows / global_rows - 1, 6) if global_rows else 0.0
         rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
-        manifest = build_manifest(cfg, samples, stats, shards, rejects)
+        manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from)
         # The manifest is written last: a directory with shards but no manifest is never complete.
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2, sort_keys=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,6 +29,14 @@ import pyarrow.parquet as pq
 
 from packer.errors import InputError
 from packer.flatten import fast_flatten
+from packer.own_outputs import (
+    REPACK_HINT,
+    PackedInputError,
+    has_contract_schema,
+    is_packer_output,
+    is_work_dir,
+    refuse,
+)
 from packer.samples import (
     IGNORE_INDEX,
     INT32_MAX,
@@ -71,24 +80,48 @@ def _is_data_file(path: Path) -> bool:
     return not path.name.startswith(".")
 
 
-def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
-    """Files named by the inputs: plain files, directories (recursive) and globs, each sorted."""
+class InputFiles(list):
+    """Input files already expanded and checked: expanding them again returns them as they are."""
+
+
+def expand_inputs(
+    inputs: Iterable[str | Path], skip: Path | None = None, skipped: list[Path] | None = None
+) -> InputFiles:
+    """Files named by the inputs: plain files, directories (recursive) and globs, each sorted.
+
+    Packer's own outputs are never inputs: directories and globs leave out `skip` (the output
+    being written), the hidden work directories of runs, and every directory holding a packer
+    manifest (listed in `skipped`). A packer output, or a file with the packed-row columns,
+    named as an INPUT is refused (`PackedInputError`): its rows are already packed.
+    """
+    if isinstance(inputs, InputFiles):
+        return inputs
+    excluded = _Excluded(skip)
     files: list[Path] = []
     for item in inputs:
         text = str(item)
         path = Path(text)
         if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and _is_data_file(p))
+            if is_packer_output(path):
+                raise refuse(path)
+            found = excluded.walk(path, skipped)
             if not found:
                 raise InputError("directory holds no .jsonl, .parquet or .arrow files", where=text)
             files.extend(found)
         elif _GLOB_CHARS & set(text) and not path.exists():
-            found = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+            found = [p for p in matches if not excluded.holds(p, skipped)]
+            if matches and not found:
+                raise PackedInputError(
+                    f"every match is inside a packer output ({REPACK_HINT})", where=text
+                )
             if not found:
                 raise InputError("no file matches this pattern", where=text)
             files.extend(found)
         elif path.is_file():
             detect_format(path)
+            if is_packer_output(path.parent):
+                raise refuse(path, "a shard of one")
             files.append(path)
         elif path.exists():
             raise InputError("not a regular file", where=text)
@@ -103,8 +136,54 @@ def expand_inputs(inputs: Iterable[str | Path]) -> list[Path]:
         if key in seen:
             raise InputError("the same file is named twice in the inputs", where=str(f))
         seen.add(key)
+        if has_contract_schema(f, detect_format(f)[0]):
+            raise refuse(f, "it has the packed-row columns cu_seqlens, position_ids, sample_index")
         unique.append(f)
-    return unique
+    return InputFiles(unique)
+
+
+class _Excluded:
+    """Which directories an expansion leaves out; answers are cached per directory."""
+
+    def __init__(self, skip: Path | None):
+        self.skip = skip.resolve() if skip is not None else None
+        self.cache: dict[Path, bool] = {}
+
+    def __call__(self, directory: Path) -> bool:
+        hit = self.cache.get(directory)
+        if hit is None:
+            hit = (
+                is_work_dir(directory)
+                or (self.skip is not None and directory.resolve() == self.skip)
+                or is_packer_output(directory)
+            )
+            self.cache[directory] = hit
+        return hit
+
+    def _note(self, directory: Path, skipped: list[Path] | None) -> None:
+        if skipped is not None and not is_work_dir(directory) and directory not in skipped:
+            skipped.append(directory)
+
+    def walk(self, top: Path, skipped: list[Path] | None) -> list[Path]:
+        found = []
+        for root, dirs, names in os.walk(top):
+            base = Path(root)
+            keep = []
+            for d in sorted(dirs):
+                if self(base / d):
+                    self._note(base / d, skipped)
+                else:
+                    keep.append(d)
+            dirs[:] = keep
+            found.extend(p for p in (base / n for n in names) if p.is_file() and _is_data_file(p))
+        return sorted(found)
+
+    def holds(self, path: Path, skipped: list[Path] | None) -> bool:
+        for parent in path.parents:
+            if parent != Path(".") and self(parent):
+                self._note(parent, skipped)
+                return True
+        return False
 
 
 def fingerprint(path: Path) -> str:

@@ -1,0 +1,167 @@
+"""Read a packer output back into its samples, to pack them again with other options.
+
+This changes L, the strategy or the padding without the original files. Every packed row keeps
+what is needed to undo it: `cu_seqlens` gives each segment, `sample_index` and `sample_offset`
+say which source sample and where in it. Pieces of a split sample are joined back in order,
+stored padding is dropped, and `sample_index` keeps pointing at the original inputs, so the
+re-packed output is byte-identical to packing the originals with the same options and
+`packer verify --input ORIGINAL` still checks it.
+
+One thing a packed output does not hold: the label at the start of every piece after the
+first of a split sample (the packed row stores -100 there, as at every segment start). Without
+a labels column that label is the token itself and comes back; with one it is gone, and such an
+output is refused rather than re-packed with labels that differ from the source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packer import hashing
+from packer.errors import InputError
+from packer.own_outputs import MANIFEST, PackedInputError, is_packer_output, read_manifest
+from packer.samples import Samples, SourceFile
+
+
+@dataclass
+class RepackedSource(SourceFile):
+    """An original input known only through a packer output's manifest: it may be gone."""
+
+    packed: Path | None = None
+
+    def locate(self, row: int) -> str:
+        return f"{self.path}: sample {self.first_index + row} (re-packed from {self.packed})"
+
+
+def check_repack_inputs(inputs: list[str | Path]) -> Path:
+    """The one packer output that `--repack` reads; anything else is refused in one line."""
+    paths = [Path(str(p)) for p in inputs]
+    for path in paths:
+        if not path.is_dir() or not is_packer_output(path):
+            raise PackedInputError(
+                "--repack reads packer outputs only, and this is not one (original files "
+                "and a packed output would number their samples twice: pack the originals "
+                "on their own, or re-pack the output on its own)",
+                where=str(path),
+            )
+    if len(paths) != 1:
+        raise PackedInputError(
+            f"--repack takes one packer output, got {len(paths)} (each numbers its samples "
+            "from 0 against its own original inputs)"
+        )
+    return paths[0]
+
+
+def read_packed(directory: Path) -> tuple[Samples, dict]:
+    """The samples held by a packer output, and what the new manifest records about it."""
+    from packer.verify.shards import read_shard  # the zero-copy shard reader verify uses
+
+    manifest = read_manifest(directory)
+    if manifest is None:
+        raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
+    has_labels = any(inp.get("has_labels") for inp in manifest.get("inputs", []))
+
+    ids_parts, lab_parts = [], []
+    seg_sample, seg_offset, seg_len, seg_tok = [], [], [], []
+    base = 0
+    for shard in manifest["shards"]:
+        path = directory / shard["file"]
+        try:
+            batches = read_shard(path)
+        except (ValueError, OSError) as exc:
+            raise InputError(f"cannot read packed shard: {exc}", where=str(path)) from None
+        for b in batches:
+            n_seg = np.diff(b.si_off)
+            row = np.repeat(np.arange(b.rows), n_seg)
+            j = np.arange(int(n_seg.sum())) - np.repeat(b.si_off[:-1], n_seg)
+            at = b.cu_off[:-1][row] + j
+            start = b.cu[at].astype(np.int64)
+            seg_len.append(b.cu[at + 1].astype(np.int64) - start)
+            seg_tok.append(base + b.ids_off[:-1][row] + start)
+            seg_sample.append(b.sample_index[b.si_off[0] : b.si_off[-1]])
+            seg_offset.append(b.sample_offset[b.so_off[0] : b.so_off[-1]].astype(np.int64))
+            ids_parts.append(b.ids)
+            lab_parts.append(b.labels)
+            base += b.ids.size
+    if not seg_len or sum(a.size for a in seg_len) == 0:
+        raise InputError("the packer output holds no samples", where=str(directory))
+    sample = np.concatenate(seg_sample)
+    offset = np.concatenate(seg_offset)
+    length = np.concatenate(seg_len)
+    tok = np.concatenate(seg_tok)
+
+    order = np.lexsort((offset, sample))
+    sample, offset, length, tok = sample[order], offset[order], length[order], tok[order]
+    first = np.ones(sample.size, bool)
+    first[1:] = sample[1:] != sample[:-1]
+    expected = np.zeros(sample.size, np.int64)  # where each piece must start in its sample
+    expected[1:] = offset[:-1] + length[:-1]
+    expected[first] = 0
+    bad = np.flatnonzero(offset != expected)
+    if bad.size:
+        i = int(bad[0])
+        raise InputError(
+            f"sample {int(sample[i])} has a piece at offset {int(offset[i])} where "
+            f"{int(expected[i])} was expected (a missing, repeated or overlapping piece); "
+            "run `packer verify` on it",
+            where=str(directory),
+        )
+
+    ends = np.cumsum(length)
+    starts = ends - length
+    gather = np.repeat(tok - starts, length) + np.arange(int(ends[-1]))
+    all_ids = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
+    tokens = np.ascontiguousarray(all_ids[gather], dtype=np.int32)
+    labels = None
+    pieces = ~first  # pieces after the first: their first label was overwritten with -100
+    if has_labels:
+        n_lost = int(pieces.sum())
+        if n_lost:
+            n_split = int(np.unique(sample[pieces]).size)
+            raise PackedInputError(
+                f"{n_split} sample(s) were split when this output was packed, and the "
+                f"labels at their {n_lost} split point(s) are not stored (the packed rows "
+                "hold -100 there); re-packing would change those labels: pack the original "
+                "inputs instead",
+                where=str(directory),
+            )
+        all_lab = np.concatenate(lab_parts) if len(lab_parts) > 1 else lab_parts[0]
+        labels = np.ascontiguousarray(all_lab[gather], dtype=np.int32)
+    del gather
+
+    kept = sample[first]
+    sample_ends = np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
+    offsets = np.zeros(kept.size + 1, np.int64)
+    offsets[1:] = sample_ends
+    sources = [
+        RepackedSource(
+            path=Path(inp["path"]),
+            format=inp["format"],
+            num_samples=int(inp["samples"]),
+            first_index=int(inp["first_index"]),
+            size=int(inp["bytes"]),
+            fingerprint=inp["fingerprint"],
+            has_labels=bool(inp.get("has_labels")),
+            rejected=int(inp.get("rejected", 0)),
+            packed=directory,
+        )
+        for inp in manifest["inputs"]
+    ]
+    num_input = sum(s.num_samples for s in sources)
+    index = None if kept.size == num_input and kept[-1] == num_input - 1 else kept
+    samples = Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index)
+    algorithm = manifest.get("config", {}).get("hash", hashing.DEFAULT)
+    origin = {
+        "path": str(directory),
+        "manifest": {
+            "algorithm": algorithm,
+            "hash": hashing.file_digest(directory / MANIFEST, algorithm),
+        },
+        "config": manifest.get("config"),
+        "samples": int(kept.size),
+        "samples_absent": int(num_input - kept.size),
+    }
+    return samples, origin
