@@ -119,7 +119,9 @@ def _push_row(table, n, a, b, c, d, e):  # pragma: no cover - compiled
     """Append a row to a growable int64 table; returns the (possibly reallocated) table."""
     if n == table.shape[0]:
         bigger = np.empty((2 * n, table.shape[1]), np.int64)
-        bigger[:n] = table[:n]
+        for i in range(n):  # a loop, not a slice copy: its shape checks cost seconds to compile
+            for j in range(table.shape[1]):
+                bigger[i, j] = table[i, j]
         table = bigger
     table[n, 0] = a
     table[n, 1] = b
