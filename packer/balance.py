@@ -208,7 +208,7 @@ def plan_epoch(
     )
     # same rows, other grouping: keep the tokens plan in the rare case (tiny epochs) it models
     # better, so that balancing by attention is never worse than by tokens
-    if slowest_rank_total(by_tokens, costs) < slowest_rank_total(plan, costs):
+    if slowest_rank_total(by_tokens, costs) < slowest_rank_total(plan, costs) * (1 - 1e-9):
         return by_tokens
     return plan
 
@@ -232,7 +232,8 @@ def balance_inputs(
                 "balance='attention' needs each row's segment lengths: pass a PackedDataset or "
                 "per-row sequences of segment lengths, or use balance='tokens'"
             )
-        return np.asarray(rows, np.int64).reshape(-1), None
+        lengths = np.asarray(rows, np.int64).reshape(-1)
+        return lengths, np.zeros(0) if mode == "attention" else None
     offsets, seg = row_segments(rows)
     costs = row_costs(offsets, seg, hidden_size, cost) if mode == "attention" else None
     return row_tokens(offsets, seg), costs
