@@ -76,7 +76,7 @@ def main() -> None:
         f"modeled data-parallel efficiency, d = {args.hidden_size}, {args.batch_size} row(s) "
         f"per rank, mean (min) over {args.seeds} seeds\n"
     )
-    print("| mix | L | rows | ranks | tokens | attention | seconds (attention plan) |")
+    print("| mix | L | rows | ranks | tokens | attention | seconds per epoch (both plans) |")
     print("|---|---|---|---|---|---|---|")
     for mix in MIXES:
         for max_len in args.contexts:

@@ -259,3 +259,22 @@ def test_plan_cli_reports_balance(cli, tmp_path):
         bad = cli(*args, flag, 0)
         assert bad.exit_code == 2 and f"{flag} must be at least 1" in bad.stderr
         assert len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_docs_snippet_runs(split_output, tmp_path, monkeypatch):
+    """docs/balance.md's Python block runs as written against a real output."""
+    pytest.importorskip("torch")
+    import re
+    import shutil
+
+    text = (Path(__file__).parent.parent / "docs" / "balance.md").read_text(encoding="utf-8")
+    (code,) = re.findall(r"<!-- runnable -->\n```python\n(.*?)```", text, re.S)
+    shutil.copytree(split_output, tmp_path / "out" / "demo")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(code, scope)
+    sampler, ds = scope["sampler"], scope["ds"]
+    offsets, seg = ds.segment_lengths()
+    rows = [seg[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    np.testing.assert_allclose(sampler.costs, [len(r) + (r**2).sum() / 5e4 for r in rows])
+    assert sorted(i for batch in sampler for i in batch) == list(range(len(ds)))
