@@ -8,7 +8,7 @@ in token units
     cost(row) = tokens + Σ l_i² / (12 · d)
 
 over the row's segments l_i (d: the model's hidden size). A row holding one 32k-token document
-costs 1.7x a row of 300 short samples at d = 4096, and every data-parallel step waits for its
+costs 1.66x a row of 300 short samples at d = 4096, and every data-parallel step waits for its
 slowest rank. `plan_batches(..., balance="attention")` groups rows of similar cost into the same
 step and deals each step's rows to ranks largest first, then shuffles the step order.
 
@@ -203,9 +203,10 @@ def plan_epoch(
         return by_tokens
     if costs is None:
         raise ValueError("balance='attention' needs the rows' costs")
-    plan = _attention_plan(
-        rows, np.asarray(costs, np.float64), batch_size, num_replicas, rng, shuffle
-    )
+    costs = np.asarray(costs, np.float64)
+    if costs.shape != lengths.shape:
+        raise ValueError(f"{costs.size} costs for {lengths.size} rows")
+    plan = _attention_plan(rows, costs, batch_size, num_replicas, rng, shuffle)
     # same rows, other grouping: keep the tokens plan in the rare case (tiny epochs) it models
     # better, so that balancing by attention is never worse than by tokens
     if slowest_rank_total(by_tokens, costs) < slowest_rank_total(plan, costs) * (1 - 1e-9):

@@ -155,6 +155,8 @@ def test_balance_argument_errors():
         plan_batches([[1], [2]], 1, 2, balance="flops")
     with pytest.raises(ValueError, match="batch_size"):
         plan_batches([[1], [2]], 0, 2)
+    with pytest.raises(ValueError, match="1 costs for 2 rows"):
+        plan_epoch([1, 2], [1.0], 1, 1)
     # True / False work as they did: tokens balance and no balance
     lengths, costs = balance_inputs([[3, 4], [5]], balance=True)
     assert lengths.tolist() == [7, 5] and costs is None
