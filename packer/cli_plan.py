@@ -30,11 +30,25 @@ def plan_command(
         help="Pack within consecutive windows of W samples; the table then also shows the "
         "global rows and the cost of windowing.",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed for ff-shuffle."),
+    seed: int = typer.Option(0, "--seed", help="Seed for ff-shuffle and the batch plans."),
     overlength: str = typer.Option(
         "error",
         "--overlength",
         help="Samples longer than L: error, drop, truncate or split (as in `packer pack`).",
+    ),
+    world_size: Optional[int] = typer.Option(
+        None,
+        "--world-size",
+        help="Also plan one epoch of batches for this many data-parallel ranks and report the "
+        "modeled efficiency of balancing them by tokens and by attention.",
+    ),
+    batch_size: int = typer.Option(
+        1, "--batch-size", help="Rows per rank per step for --world-size."
+    ),
+    hidden_size: int = typer.Option(
+        4096,
+        "--hidden-size",
+        help="Model hidden size d in the cost model tokens + Σ l² / (12·d), for --world-size.",
     ),
     input_column: str = typer.Option(
         "input_ids", "--input-column", help="Column holding the token ids."
@@ -43,7 +57,8 @@ def plan_command(
     debug: bool = DEBUG,
 ) -> None:
     """Plan rows from the sample lengths alone: a length histogram and, for each strategy, rows,
-    efficiency, rows / best lower bound and seconds."""
+    efficiency, rows / best lower bound and seconds (with --world-size, also the modeled
+    data-parallel efficiency of batches balanced by tokens and by attention)."""
     from packer.errors import UsageError
     from packer.overlength import resolve
     from packer.plan_report import compare_strategies, histogram_lines, strategy_table
@@ -56,6 +71,13 @@ def plan_command(
             raise UsageError(f"--max-len must be at least 1, got {max_len}")
         if window is not None and window < 1:
             raise UsageError(f"--window must be at least 1, got {window}")
+        for flag, value in (
+            ("--world-size", world_size),
+            ("--batch-size", batch_size),
+            ("--hidden-size", hidden_size),
+        ):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} must be at least 1, got {value}")
         if seed < 0:
             raise UsageError(f"--seed must be non-negative, got {seed}")
         if strategy != "all" and strategy not in STRATEGIES:
@@ -65,7 +87,16 @@ def plan_command(
         names = STRATEGIES if strategy == "all" else (strategy,)
         samples = read_samples(inputs, input_column, labels_column=None, chunked=True)
         lengths = resolve(samples, max_len, overlength).length
-        report = compare_strategies(lengths, max_len, names, seed=seed, window=window)
+        report = compare_strategies(
+            lengths,
+            max_len,
+            names,
+            seed=seed,
+            window=window,
+            world_size=world_size,
+            batch_size=batch_size,
+            hidden_size=hidden_size,
+        )
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
         else:

@@ -12,15 +12,16 @@ import numpy as np
 from rich.table import Table
 
 from packer import algorithms
-from packer.planning import STRATEGIES, lower_bound, martello_toth_bound, plan
+from packer.balance import DEFAULT_HIDDEN_SIZE, compare_balance
+from packer.planning import STRATEGIES, Plan, lower_bound, martello_toth_bound, plan
 
 
 def _timed_plan(
     lengths: np.ndarray, max_len: int, strategy: str, seed: int, window: int | None
-) -> tuple[int, float]:
+) -> tuple[Plan, float]:
     plan(lengths[:64], max_len, strategy, seed, window=None)  # load the JIT cache first
     t = time.perf_counter()
-    rows = plan(lengths, max_len, strategy, seed, window=window).num_rows
+    rows = plan(lengths, max_len, strategy, seed, window=window)
     return rows, time.perf_counter() - t
 
 
@@ -32,11 +33,21 @@ def length_histogram(lengths: np.ndarray, max_len: int, bins: int = 16) -> dict:
 
 
 def compare_strategies(
-    lengths, max_len: int, strategies=STRATEGIES, seed: int = 0, window: int | None = None
+    lengths,
+    max_len: int,
+    strategies=STRATEGIES,
+    seed: int = 0,
+    window: int | None = None,
+    world_size: int | None = None,
+    batch_size: int = 1,
+    hidden_size: int = DEFAULT_HIDDEN_SIZE,
 ) -> dict:
     """Rows, efficiency, rows / best bound and seconds of each strategy on these lengths.
 
     With `window`, each strategy is also run globally so the cost of windowing is explicit.
+    With `world_size`, each strategy's rows are also planned into one epoch of batches for
+    `world_size` ranks x `batch_size` rows (seed `seed`), balanced by tokens and by attention,
+    and the modeled data-parallel efficiency of both is reported (see `packer.balance`).
     """
     lengths = np.ascontiguousarray(lengths)
     counts, _ = algorithms.length_histogram(lengths.astype(np.int64, copy=False), int(max_len))
@@ -46,7 +57,8 @@ def compare_strategies(
     best = max(by_tokens, l2)
     results = []
     for name in strategies:
-        rows, seconds = _timed_plan(lengths, max_len, name, seed, window)
+        rows_plan, seconds = _timed_plan(lengths, max_len, name, seed, window)
+        rows = rows_plan.num_rows
         entry = {
             "strategy": name,
             "rows": rows,
@@ -56,9 +68,19 @@ def compare_strategies(
             "seconds": round(seconds, 4),
         }
         if window is not None:
-            global_rows, _ = _timed_plan(lengths, max_len, name, seed, None)
+            global_rows = _timed_plan(lengths, max_len, name, seed, None)[0].num_rows
             entry["global_rows"] = global_rows
             entry["window_cost"] = round(rows / global_rows - 1, 6) if global_rows else 0.0
+        if world_size is not None:
+            effs = compare_balance(
+                rows_plan.row_starts,
+                lengths[rows_plan.order],
+                world_size,
+                batch_size,
+                hidden_size,
+                seed=seed,
+            )
+            entry["dp_efficiency"] = {k: round(v, 6) for k, v in effs.items()}
         results.append(entry)
     return {
         "samples": int(lengths.size),
@@ -66,6 +88,9 @@ def compare_strategies(
         "max_len": int(max_len),
         "window": window,
         "seed": seed,
+        "balance": None
+        if world_size is None
+        else {"world_size": world_size, "batch_size": batch_size, "hidden_size": hidden_size},
         "length_min": int(lengths.min()) if lengths.size else 0,
         "length_median": float(np.median(lengths)) if lengths.size else 0.0,
         "length_max": int(lengths.max()) if lengths.size else 0,
@@ -103,6 +128,12 @@ def strategy_table(report: dict) -> Table:
     )
     if report["window"] is not None:
         title += f"; window = {report['window']:,} samples"
+    if report["balance"] is not None:
+        bal = report["balance"]
+        title += (
+            f"; data-parallel efficiency for {bal['world_size']} ranks x {bal['batch_size']} "
+            f"row(s), hidden size {bal['hidden_size']:,}"
+        )
     table = Table(title=title, title_justify="left")
     table.add_column("strategy", style="bold")
     table.add_column("rows", justify="right")
@@ -111,12 +142,17 @@ def strategy_table(report: dict) -> Table:
     if report["window"] is not None:
         table.add_column("global rows", justify="right")
         table.add_column("window cost", justify="right")
+    if report["balance"] is not None:
+        table.add_column("DP eff. tokens", justify="right")
+        table.add_column("DP eff. attention", justify="right")
     table.add_column("seconds", justify="right")
     for s in report["strategies"]:
         ratio = f"{s['rows_over_bound']:.5f}" + (" optimal" if s["optimal"] else "")
         cells = [s["strategy"], f"{s['rows']:,}", f"{100 * s['efficiency']:.3f} %", ratio]
         if report["window"] is not None:
             cells += [f"{s['global_rows']:,}", f"{100 * s['window_cost']:+.3f} %"]
+        if report["balance"] is not None:
+            cells += [f"{100 * s['dp_efficiency'][k]:.1f} %" for k in ("tokens", "attention")]
         cells.append(f"{s['seconds']:.3f}")
         table.add_row(*cells)
     return table

@@ -246,10 +246,11 @@ def test_loss_helpers_agree_with_transformers_normalisation():
 )
 def test_plan_batches_properties(lengths, batch_size, replicas, seed, epoch, drop_last):
     n, per_step = len(lengths), batch_size * replicas
-    plan = plan_batches(lengths, batch_size, replicas, seed=seed, epoch=epoch, drop_last=drop_last)
+    kwargs = dict(seed=seed, epoch=epoch, drop_last=drop_last, balance="tokens")
+    plan = plan_batches(lengths, batch_size, replicas, **kwargs)
     steps = n // per_step if drop_last else -(-n // per_step)
     assert plan.shape == (steps, replicas, batch_size)  # same number and size on every rank
-    again = plan_batches(lengths, batch_size, replicas, seed=seed, epoch=epoch, drop_last=drop_last)
+    again = plan_batches(lengths, batch_size, replicas, **kwargs)
     assert np.array_equal(plan, again)
     counts = np.bincount(plan.ravel(), minlength=n)
     if drop_last:
@@ -266,9 +267,9 @@ def test_plan_batches_properties(lengths, batch_size, replicas, seed, epoch, dro
 
 def test_plan_batches_epoch_and_seed_change_order():
     lengths = list(range(1, 41))
-    base = plan_batches(lengths, 2, 2, seed=1, epoch=0)
-    assert not np.array_equal(base, plan_batches(lengths, 2, 2, seed=1, epoch=1))
-    assert not np.array_equal(base, plan_batches(lengths, 2, 2, seed=2, epoch=0))
+    base = plan_batches(lengths, 2, 2, seed=1, epoch=0, balance="tokens")
+    assert not np.array_equal(base, plan_batches(lengths, 2, 2, seed=1, epoch=1, balance="tokens"))
+    assert not np.array_equal(base, plan_batches(lengths, 2, 2, seed=2, epoch=0, balance="tokens"))
     ordered = plan_batches(lengths, 2, 2, shuffle=False, balance=False)
     assert ordered[0].tolist() == [[0, 3], [1, 2]]
 

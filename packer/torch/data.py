@@ -132,6 +132,27 @@ class PackedDataset(torch.utils.data.Dataset):
             self._lengths = np.concatenate(parts) if parts else np.zeros(0, np.int64)
         return self._lengths
 
+    def segment_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's segment lengths as CSR: (offsets int64 [rows + 1], lengths int64).
+
+        Row i's samples (or pieces of split samples) have lengths `lengths[offsets[i]:offsets[i+1]]`
+        (stored padding excluded). Read from the mapped `cu_seqlens`; used to balance compute.
+        """
+        counts, parts = [], []
+        for k in range(len(self.files)):
+            for b in self._shard(k):
+                cu_off, cu = b.lists["cu_seqlens"]
+                segments = np.diff(b.lists["sample_index"][0])
+                first = np.repeat(cu_off[:-1], segments)
+                within = np.arange(first.size) - np.repeat(np.cumsum(segments) - segments, segments)
+                at = first + within
+                parts.append((cu[at + 1] - cu[at]).astype(np.int64))
+                counts.append(segments)
+        offsets = np.zeros(len(self) + 1, np.int64)
+        if counts:
+            np.cumsum(np.concatenate(counts), out=offsets[1:])
+        return offsets, np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
 
 def load_hf_dataset(path: str | Path):
     """The shards of a packer output as one memory-mapped `datasets.Dataset`, in manifest order.

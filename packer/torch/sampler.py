@@ -1,71 +1,34 @@
 """A batch sampler for several ranks: the same number of equal-sized batches on every rank.
 
 Uneven numbers of batches across ranks hang data-parallel runs (a rank that finishes early never
-joins the next collective). Here every epoch is planned globally, then split:
+joins the next collective), and uneven compute makes every step wait for its slowest rank. Every
+epoch is planned globally by `packer.balance.plan_batches` (numpy only, so `packer plan` can
+model the same plans without torch), then split:
 
-1. Rows are shuffled with a generator seeded by `(seed, epoch)` (or kept in order), so the plan
-   is a pure function of (lengths, batch_size, num_replicas, seed, epoch, drop_last).
-2. The order is cut into steps of `batch_size * num_replicas` rows. When the rows do not fill the
-   last step: `drop_last=True` drops the remainder (every row at most once, some rows unseen this
-   epoch); `drop_last=False` (default) fills it by repeating rows from the start of the shuffled
-   order (every row at least once, a few twice; repeated rows count twice in the loss).
-3. Within a step, rows are sorted by tokens and dealt to ranks in snake order (0..W-1, W-1..0,
-   ...), so every rank gets exactly `batch_size` rows and the token loads of any two ranks differ
-   by at most (longest - shortest row of the step).
+1. Rows are shuffled with a generator seeded by `(seed, epoch)` (or kept in order) and cut into
+   steps of `batch_size * num_replicas` rows. When the rows do not fill the last step:
+   `drop_last=True` drops the remainder (every row at most once, some rows unseen this epoch);
+   `drop_last=False` (default) fills it by repeating rows from the start of the shuffled order
+   (every row at least once, a few twice; repeated rows count twice in the loss).
+2. `balance="attention"` (default) regroups those rows into steps of similar modeled compute,
+   `tokens + Σ l² / (12 · hidden_size)` over each row's samples, deals each step largest first
+   to the least-loaded rank and shuffles the step order; `balance="tokens"` sorts each step by
+   tokens and deals it in snake order. See docs/balance.md.
 
 Every rank computes the same plan and takes its own slice: no communication.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch.distributed
 import torch.utils.data
 
+from packer.balance import DEFAULT_HIDDEN_SIZE, balance_inputs, plan_batches, plan_epoch
 
-def plan_batches(
-    lengths: Sequence[int] | np.ndarray,
-    batch_size: int,
-    num_replicas: int = 1,
-    *,
-    seed: int = 0,
-    epoch: int = 0,
-    shuffle: bool = True,
-    drop_last: bool = False,
-    balance: bool = True,
-) -> np.ndarray:
-    """Row indices of every batch of an epoch, int64 `[steps, num_replicas, batch_size]`.
-
-    `plan[s, r]` is the batch rank r trains on at step s. See the module doc for the rules.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if num_replicas < 1:
-        raise ValueError(f"num_replicas must be at least 1, got {num_replicas}")
-    lengths = np.asarray(lengths, np.int64)
-    n = len(lengths)
-    per_step = batch_size * num_replicas
-    if shuffle:
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-    else:
-        order = np.arange(n, dtype=np.int64)
-    if drop_last or n == 0:
-        steps = n // per_step
-        order = order[: steps * per_step]
-    else:
-        steps = -(-n // per_step)
-        fill = steps * per_step - n
-        order = np.concatenate([order, order[np.arange(fill) % n]])
-    chunks = order.reshape(steps, per_step)
-    if balance:
-        by_tokens = np.argsort(-lengths[chunks], axis=1, kind="stable")
-        chunks = np.take_along_axis(chunks, by_tokens, axis=1)
-    # deal round j of W rows to ranks 0..W-1, reversed on odd rounds (snake)
-    rounds = chunks.reshape(steps, batch_size, num_replicas).copy()
-    rounds[:, 1::2, :] = rounds[:, 1::2, ::-1]
-    return np.ascontiguousarray(rounds.transpose(0, 2, 1))
+__all__ = ["PackedBatchSampler", "plan_batches"]
 
 
 def _dist_default(value: int | None, getter) -> int:
@@ -79,10 +42,12 @@ def _dist_default(value: int | None, getter) -> int:
 class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
     """Batches of `batch_size` row indices for one rank; pass as DataLoader `batch_sampler=`.
 
-    `dataset` is a `PackedDataset` (its `lengths` are used to balance tokens) or a sequence of
-    row lengths. `num_replicas` and `rank` default to torch.distributed's world size and rank
-    (1 and 0 when it is not initialised). Call `set_epoch(epoch)` before each epoch: the order is
-    deterministic for (seed, epoch), and `len()` is the same on every rank.
+    `dataset` is a `PackedDataset`, per-row sequences of segment lengths, or (for
+    `balance="tokens"`) a sequence of row lengths. `num_replicas` and `rank` default to
+    torch.distributed's world size and rank (1 and 0 when it is not initialised). Call
+    `set_epoch(epoch)` before each epoch: the order is deterministic for (seed, epoch), and
+    `len()` is the same on every rank. `balance`: "attention" (default, compute by
+    `hidden_size`, or `cost(segment_lengths) -> float` per row), "tokens" (or True), False.
     """
 
     def __init__(
@@ -95,9 +60,11 @@ class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
         seed: int = 0,
         shuffle: bool = True,
         drop_last: bool = False,
-        balance: bool = True,
+        balance: str | bool = "attention",
+        hidden_size: int = DEFAULT_HIDDEN_SIZE,
+        cost: Callable[[np.ndarray], float] | None = None,
     ):
-        self.lengths = np.asarray(getattr(dataset, "lengths", dataset), np.int64)
+        self.lengths, self.costs = balance_inputs(dataset, balance, hidden_size, cost)
         self.batch_size = batch_size
         self.num_replicas = _dist_default(num_replicas, torch.distributed.get_world_size)
         self.rank = _dist_default(rank, torch.distributed.get_rank)
@@ -114,8 +81,9 @@ class PackedBatchSampler(torch.utils.data.Sampler[list[int]]):
 
     def plan(self) -> np.ndarray:
         """This epoch's plan for all ranks, `[steps, num_replicas, batch_size]`."""
-        return plan_batches(
+        return plan_epoch(
             self.lengths,
+            self.costs,
             self.batch_size,
             self.num_replicas,
             seed=self.seed,
