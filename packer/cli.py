@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from packer import __version__
+from packer.config import ON_ERROR
 from packer.errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -23,6 +24,9 @@ from packer.errors import (
     PackerError,
     Terminated,
 )
+from packer.hashing import ALGORITHMS
+from packer.overlength import POLICIES
+from packer.planning import STRATEGIES
 
 app = typer.Typer(
     name="packer",
@@ -31,6 +35,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: "[default: ...]" in help texts is shown as written
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -91,8 +96,21 @@ def user_errors(debug: bool):
         ) from None
 
 
-DEBUG = typer.Option(False, "--debug", help="Show the full traceback on errors.")
-JSON = typer.Option(False, "--json", help="Print one JSON object on stdout instead of a table.")
+OFF = "[default: off]"
+DEBUG = typer.Option(False, "--debug", help=f"Show the full traceback on errors. {OFF}")
+JSON = typer.Option(
+    False, "--json", help=f"Print one JSON object on stdout instead of a table. {OFF}"
+)
+
+
+def choices(values) -> str:
+    """The metavar of an option with a closed set of values: `[a|b|c]`."""
+    return "[" + "|".join(values) + "]"
+
+
+def config_default(value: str) -> str:
+    """Help text for a default that a --config file may override."""
+    return f"[default: {value}, or the config's]"
 
 
 @app.command()
@@ -109,74 +127,91 @@ def pack(
         help="Output directory for shards and manifest.json (created atomically).",
     ),
     max_len: Optional[int] = typer.Option(
-        None, "--max-len", "-L", help="Row length L in tokens (required here or in --config)."
+        None,
+        "--max-len",
+        "-L",
+        help="Row length L in tokens. [required, here or in --config]",
     ),
     strategy: Optional[str] = typer.Option(
-        None, "--strategy", help="Packing strategy. [default: bfd]"
+        None,
+        "--strategy",
+        metavar=choices(STRATEGIES),
+        help=f"Packing strategy (see the README's Strategies). {config_default('bfd')}",
     ),
     overlength: Optional[str] = typer.Option(
         None,
         "--overlength",
+        metavar=choices(POLICIES),
         help="Samples longer than L: error (stop and say so), drop, truncate, or split into "
-        "pieces of L. Every affected sample is counted. [default: error]",
+        f"pieces of L. Every affected sample is counted. {config_default('error')}",
     ),
     pad: Optional[bool] = typer.Option(
         None,
         "--pad/--no-pad",
         help="Pad every row to exactly L tokens (padding is one final cu_seqlens segment, "
-        "labelled -100). [default: no-pad]",
+        f"labelled -100). {config_default('no-pad')}",
     ),
     pad_id: Optional[int] = typer.Option(
-        None, "--pad-id", help="Token id used for padding. [default: 0]"
+        None, "--pad-id", help=f"Token id used for padding. {config_default('0')}"
     ),
     seed: Optional[int] = typer.Option(
-        None, "--seed", help="Seed for strategies that use randomness. [default: 0]"
+        None, "--seed", help=f"Seed for strategies that use randomness. {config_default('0')}"
     ),
     window: Optional[int] = typer.Option(
         None,
         "--window",
         help="Pack within consecutive "
-        "windows of W samples (bounded memory, parallel; costs some rows). [default: global]",
+        "windows of W samples (bounded memory, parallel; costs some rows). "
+        + config_default("none, one global plan"),
     ),
     input_column: Optional[str] = typer.Option(
-        None, "--input-column", help="Column holding the token ids. [default: input_ids]"
+        None,
+        "--input-column",
+        help=f"Column holding the token ids. {config_default('input_ids')}",
     ),
     labels_column: Optional[str] = typer.Option(
         None,
         "--labels-column",
         help="Column holding labels (-100 = no loss); when absent, labels are the input ids. "
-        "[default: labels]",
+        + config_default("labels"),
     ),
     on_error: Optional[str] = typer.Option(
         None,
         "--on-error",
+        metavar=choices(ON_ERROR),
         help="Bad samples (malformed line, empty, bad ids, labels length...): error stops at "
         "the first and names it; skip leaves them out, counts them per reason and lists them "
-        "in rejects.jsonl in the output. [default: error]",
+        f"in rejects.jsonl in the output. {config_default('error')}",
     ),
     shard_rows: Optional[int] = typer.Option(
-        None, "--shard-rows", help="Rows per output shard. [default: rows holding about 16M tokens]"
+        None,
+        "--shard-rows",
+        help=f"Rows per output shard. {config_default('rows holding about 16M tokens')}",
     ),
     hash_: Optional[str] = typer.Option(
         None,
         "--hash",
+        metavar=choices(ALGORITHMS),
         help="Content hash of each shard in the manifest: xxh3_128 (fast) or sha256. "
-        "[default: xxh3_128]",
+        + config_default("xxh3_128"),
     ),
     overwrite: bool = typer.Option(
         False,
         "--overwrite",
-        help="Replace an existing output (kept in place until the new one is complete).",
+        help=f"Replace an existing output (kept in place until the new one is complete). {OFF}",
     ),
     repack: bool = typer.Option(
         False,
         "--repack",
         help="INPUT is a packer output: read its rows back into the original samples (split "
         "pieces joined, padding dropped, sample_index kept) and pack them again, e.g. with "
-        "another L. Without it, packer outputs are never read as input.",
+        f"another L. Without it, packer outputs are never read as input. {OFF}",
     ),
     config: Optional[Path] = typer.Option(
-        None, "--config", "-c", help="YAML preset of these options; flags given here override it."
+        None,
+        "--config",
+        "-c",
+        help="YAML preset of these options; flags given here override it. [default: none]",
     ),
     workers: Optional[int] = typer.Option(
         None,

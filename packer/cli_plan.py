@@ -8,7 +8,9 @@ from typing import Optional
 
 import typer
 
-from packer.cli import DEBUG, JSON, app, user_errors
+from packer.cli import DEBUG, JSON, app, choices, user_errors
+from packer.overlength import POLICIES
+from packer.planning import STRATEGIES
 
 
 @app.command("plan")
@@ -22,25 +24,27 @@ def plan_command(
     strategy: str = typer.Option(
         "all",
         "--strategy",
-        help="A strategy (bfd, ffd, nf, ff-shuffle, histogram) or 'all' to compare them.",
+        metavar=choices(("all", *STRATEGIES)),
+        help="One strategy, or 'all' to compare them.",
     ),
     window: Optional[int] = typer.Option(
         None,
         "--window",
         help="Pack within consecutive windows of W samples; the table then also shows the "
-        "global rows and the cost of windowing.",
+        "global rows and the cost of windowing. [default: none, one global plan]",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for ff-shuffle and the batch plans."),
     overlength: str = typer.Option(
         "error",
         "--overlength",
+        metavar=choices(POLICIES),
         help="Samples longer than L: error, drop, truncate or split (as in `packer pack`).",
     ),
     world_size: Optional[int] = typer.Option(
         None,
         "--world-size",
         help="Also plan one epoch of batches for this many data-parallel ranks and report the "
-        "modeled efficiency of balancing them by tokens and by attention.",
+        "modeled efficiency of balancing them by tokens and by attention. [default: none]",
     ),
     batch_size: int = typer.Option(
         1, "--batch-size", help="Rows per rank per step for --world-size."
