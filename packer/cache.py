@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from packer.errors import InputError, UsageError
 from packer.output import TMP_MARK
+from packer.progress import open_input
 from packer.readers import (
     _JSON_BLOCK,
     READERS,
@@ -195,7 +196,7 @@ def _jsonl_batches(path: Path, columns: list[str], batch_bytes: int = 0) -> Iter
     _, compression = detect_format(path)
     try:
         reader = pa_json.open_json(
-            pa.input_stream(str(path), compression=compression),
+            open_input(path, compression),
             # the streaming JSON reader keeps tens of blocks in flight on its threads (its pool
             # peaked at ~45 blocks here), so a block is a quarter of a batch
             read_options=pa_json.ReadOptions(

@@ -26,6 +26,7 @@ from packer.config import PackConfig
 from packer.errors import OutputError
 from packer.overlength import Segments, resolve
 from packer.planning import Plan, lower_bound, plan
+from packer.progress import metering
 from packer.readers import expand_inputs, read_samples
 from packer.samples import Samples
 from packer.shards import write_shards
@@ -36,8 +37,9 @@ MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
 FORMAT_VERSION = 1
 
-# progress(stage, done, total): stage is "read" (files) or "write" (rows)
-Progress = Callable[[str, int, int], None]
+# progress(stage, done, total, label): "read" (bytes of all files), "file" (bytes of the file
+# being read, its name as label), "plan" (0 of 0 while planning, then 1 of 1), "write" (rows)
+Progress = Callable[..., None]
 
 
 @dataclass
@@ -175,12 +177,7 @@ def pack(
 
     skipped: list[Path] = []
     inputs = expand_inputs(inputs, skip=out, skipped=skipped)
-    n_files = [0]
-
-    def on_file(_path: Path) -> None:
-        n_files[0] += 1
-        if progress:
-            progress("read", n_files[0], 0)
+    on_file, on_bytes = _read_progress(inputs, progress)
 
     budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
     labels_column = cfg.labels_column or None
@@ -189,31 +186,32 @@ def pack(
         out_of_core = needs_out_of_core(inputs, columns, budget)
     cache_dir = None
     try:
-        if out_of_core:
-            try:
-                cache_dir = make_cache_dir(out)
-            except OSError as exc:
-                raise OutputError(
-                    f"cannot create a cache directory: {_os_reason(exc)}", where=str(out.parent)
-                ) from None
-            samples = stream_samples(
-                inputs,
-                cache_dir,
-                cfg.input_column,
-                labels_column,
-                progress=on_file,
-                on_error=cfg.on_error,
-                batch_bytes=batch_bytes_for(budget),
-            )
-        else:
-            samples = read_samples(
-                inputs,
-                cfg.input_column,
-                labels_column,
-                progress=on_file,
-                on_error=cfg.on_error,
-                chunked=True,
-            )
+        with metering(on_bytes):
+            if out_of_core:
+                try:
+                    cache_dir = make_cache_dir(out)
+                except OSError as exc:
+                    raise OutputError(
+                        f"cannot create a cache directory: {_os_reason(exc)}", where=str(out.parent)
+                    ) from None
+                samples = stream_samples(
+                    inputs,
+                    cache_dir,
+                    cfg.input_column,
+                    labels_column,
+                    progress=on_file,
+                    on_error=cfg.on_error,
+                    batch_bytes=batch_bytes_for(budget),
+                )
+            else:
+                samples = read_samples(
+                    inputs,
+                    cfg.input_column,
+                    labels_column,
+                    progress=on_file,
+                    on_error=cfg.on_error,
+                    chunked=True,
+                )
         timings["read"] = time.perf_counter() - t0
         result = _pack_samples(
             samples, out, cfg, overwrite, progress, workers, timings, t0, out_of_core
@@ -223,6 +221,34 @@ def pack(
     finally:
         if cache_dir is not None:
             remove_cache_dir(cache_dir)
+
+
+def _read_progress(inputs: list[Path], progress: Progress | None):
+    """Callbacks for the end of each file and for bytes read inside one (None without bars)."""
+    if progress is None:
+        return None, None
+    sizes = [p.stat().st_size for p in inputs]
+    total = sum(sizes)
+    state = {"file": 0, "done": 0, "current": 0}
+
+    def on_bytes(n: int) -> None:
+        state["current"] += n
+        i = state["file"]
+        current = min(state["current"], sizes[i])
+        progress("file", current, sizes[i], inputs[i].name)
+        progress("read", state["done"] + current, total)
+
+    def on_file(_path: Path) -> None:
+        i = state["file"]
+        state["done"] += sizes[i]
+        state["file"], state["current"] = i + 1, 0
+        if i + 1 < len(inputs):
+            progress("file", 0, sizes[i + 1], inputs[i + 1].name)
+        progress("read", state["done"], total)
+
+    progress("read", 0, total)
+    progress("file", 0, sizes[0], inputs[0].name)
+    return on_file, on_bytes
 
 
 def _pack_samples(
@@ -240,6 +266,8 @@ def _pack_samples(
     timings["out_of_core"] = float(out_of_core)
 
     t = time.perf_counter()
+    if progress:
+        progress("plan", 0, 0)
     segs = resolve(samples, cfg.max_len, cfg.overlength)
     if samples.index is not None:  # --on-error skip left samples out: keep input numbering
         segs.sample = samples.index[segs.sample]
@@ -248,6 +276,8 @@ def _pack_samples(
     if cfg.window is not None:  # what windowing costs against one global plan
         global_rows = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows
     timings["plan"] = time.perf_counter() - t
+    if progress:
+        progress("plan", 1, 1)
 
     t = time.perf_counter()
     try:

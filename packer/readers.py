@@ -37,6 +37,7 @@ from packer.own_outputs import (
     is_work_dir,
     refuse,
 )
+from packer.progress import open_input
 from packer.samples import (
     IGNORE_INDEX,
     INT32_MAX,
@@ -234,7 +235,7 @@ def _read_jsonl(path: Path, columns: list[str]) -> RawTable:
     _, compression = detect_format(path)
     try:
         table = pa_json.read_json(
-            pa.input_stream(str(path), compression=compression),
+            open_input(path, compression),
             read_options=pa_json.ReadOptions(block_size=_JSON_BLOCK),
             parse_options=pa_json.ParseOptions(
                 explicit_schema=_json_schema(columns), unexpected_field_behavior="ignore"
@@ -252,7 +253,7 @@ def _read_jsonl(path: Path, columns: list[str]) -> RawTable:
 def _read_bytes(path: Path) -> bytes:
     _, compression = detect_format(path)
     try:
-        with pa.input_stream(str(path), compression=compression) as stream:
+        with open_input(path, compression) as stream:
             return stream.read()
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read: {exc}", where=str(path)) from None

@@ -5,7 +5,15 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.filesize import decimal
+from rich.progress import (
+    BarColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 stderr = Console(stderr=True)
@@ -51,25 +59,43 @@ def pack_table(report: dict, max_len: int) -> Table:
 
 @contextmanager
 def progress_bars(enabled: bool):
-    """Yield a `progress(stage, done, total)` callback that draws bars when stderr is a TTY."""
+    """Yield a `progress(stage, done, total, label)` callback that draws bars on a terminal.
+
+    Reading shows the bytes of the current file and of all files, with an ETA; planning a
+    spinner; writing the rows. Nothing is drawn when stderr is not a terminal (logs, CI).
+    """
     if not (enabled and stderr.is_terminal):
         yield None
         return
     bars = Progress(
+        SpinnerColumn(),
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        TextColumn("{task.fields[amount]}"),
+        TimeRemainingColumn(),
         TimeElapsedColumn(),
         console=stderr,
         transient=True,
     )
     tasks: dict[str, int] = {}
-    labels = {"read": "reading files", "write": "writing rows"}
+    titles = {"read": "reading all files", "file": "", "plan": "planning", "write": "writing rows"}
 
-    def update(stage: str, done: int, total: int) -> None:
+    def update(stage: str, done: int, total: int, label: str = "") -> None:
+        title = titles.get(stage, stage) if stage != "file" else f"  {label}"
+        amount = _amount(stage, done, total)
         if stage not in tasks:
-            tasks[stage] = bars.add_task(labels.get(stage, stage), total=total or None)
-        bars.update(tasks[stage], completed=done, total=total or None)
+            tasks[stage] = bars.add_task(title, total=total or None, amount=amount)
+        bars.update(
+            tasks[stage], completed=done, total=total or None, description=title, amount=amount
+        )
 
     with bars:
         yield update
+
+
+def _amount(stage: str, done: int, total: int) -> str:
+    if stage in ("read", "file"):
+        return f"{decimal(done)} / {decimal(total)}"
+    if stage == "plan":
+        return "done" if total else ""
+    return f"{done:,} / {total:,}"
