@@ -1,0 +1,65 @@
+"""`packer inspect`: look at a packed dataset before training on it."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packer.cli import DEBUG, JSON, app, user_errors
+
+
+@app.command("inspect")
+def inspect_command(
+    directory: Path = typer.Argument(
+        ..., metavar="DIR", help="A packer output directory (shards and manifest.json)."
+    ),
+    rows: Optional[list[int]] = typer.Option(
+        None,
+        "--row",
+        "-r",
+        help="Row to draw segment by segment (repeatable; rows are numbered across shards). "
+        "[default: 0]",
+    ),
+    tokenizer: Optional[Path] = typer.Option(
+        None,
+        "--tokenizer",
+        help="A local tokenizer.json (or a directory holding one): show each segment's text, "
+        "label-masked tokens dimmed. Needs pip install 'packer[inspect]'. [default: none]",
+    ),
+    html: Optional[Path] = typer.Option(
+        None,
+        "--html",
+        help="Also write the same views as one self-contained HTML page (inline SVG, nothing "
+        "fetched). [default: none]",
+    ),
+    world_size: Optional[int] = typer.Option(
+        None,
+        "--world-size",
+        help="Report the modeled data-parallel efficiency of this many ranks (1 row each), "
+        "batches balanced by tokens and by attention. [default: none]",
+    ),
+    hidden_size: int = typer.Option(
+        4096, "--hidden-size", help="Hidden size d of the cost model, for --world-size."
+    ),
+    json_out: bool = JSON,
+    debug: bool = DEBUG,
+) -> None:
+    """Summary, row fill and segments-per-row histograms, and rows drawn segment by segment."""
+    from packer.inspect_report import draw
+    from packer.inspection import inspect, load_tokenizer
+
+    with user_errors(debug):
+        tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+        report = inspect(directory, rows, tok, world_size, hidden_size)
+        if html is not None:
+            from packer.inspect_html import render_html
+
+            html.write_text(render_html(report), encoding="utf-8")
+        if json_out:
+            sys.stdout.write(json.dumps(report) + "\n")
+            return
+        draw(report)

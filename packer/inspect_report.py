@@ -1,0 +1,105 @@
+"""`packer inspect` on a terminal: rich tables and text histograms on stdout."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from packer.inspection import segment_bins
+
+_BAR = 40  # characters of the longest histogram bar
+
+
+def _histogram(title: str, labels: list[str], values: list[int]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False, box=None)
+    table.add_column("bin", justify="right")
+    table.add_column("bar")
+    table.add_column("rows", justify="right")
+    top = max(values) if values and max(values) > 0 else 1
+    for label, value in zip(labels, values):
+        table.add_row(label, "█" * round(_BAR * value / top), f"{value:,}")
+    return table
+
+
+def _source(seg: dict) -> str:
+    if seg.get("padding"):
+        return "padding"
+    src = seg["source"]
+    where = next((f"{k} {src[k]}" for k in ("line", "row", "sample_in_file") if k in src), "")
+    return f"{src.get('file')}: {where}"
+
+
+def _row(view: dict) -> Table:
+    table = Table(
+        title=f"row {view['row']:,} ({view['shard']}, row {view['row_in_shard']:,}): "
+        f"{view['tokens']:,} tokens, {view['loss_tokens']:,} loss tokens",
+        title_justify="left",
+    )
+    for name, justify in (
+        ("sample", "right"),
+        ("source", "left"),
+        ("length", "right"),
+        ("loss tokens", "right"),
+        ("labels -100 at", "left"),
+    ):
+        table.add_column(name, justify=justify)
+    with_text = any("text" in seg for seg in view["segments"])
+    if with_text:
+        table.add_column("text (masked dimmed)")
+    for seg in view["segments"]:
+        masked = ", ".join(f"{a}-{b - 1}" for a, b in seg["masked"]) or "none"
+        cells = [
+            str(seg.get("sample_index", "")),
+            _source(seg),
+            f"{seg['length']:,}",
+            f"{seg['loss_tokens']:,}",
+            masked,
+        ]
+        if with_text:
+            text = Text()
+            for run in seg.get("text", []):
+                text.append(run["text"], style="dim" if run["masked"] else "")
+            cells.append(text)
+        table.add_row(*cells)
+    return table
+
+
+def draw(report: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    stats = report.get("stats", {})
+    summary = Table(title=f"packer inspect → {report['output']}", show_header=False)
+    summary.add_column("what", style="bold")
+    summary.add_column("value", justify="right")
+    for what, value in (
+        ("inputs", ", ".join(str(i["path"]) for i in report["inputs"])),
+        ("L", f"{report['config'].get('max_len', 0):,}"),
+        ("strategy", str(report["config"].get("strategy"))),
+        ("overlength", str(report["config"].get("overlength"))),
+        ("samples in", f"{stats.get('samples_in', 0):,}"),
+        ("rows", f"{report['rows']:,}"),
+        ("lower bound", f"{stats.get('lower_bound', 0):,}"),
+        ("mean row fill", f"{100 * report['mean_fill']:.2f} %"),
+        ("tokens", f"{stats.get('tokens', 0):,}"),
+        ("loss tokens", f"{stats.get('loss_tokens', 0):,}"),
+        ("shards", f"{report['shards']:,}"),
+    ):
+        summary.add_row(what, value)
+    if "dp_efficiency" in report:
+        dp = report["dp_efficiency"]
+        for mode in ("tokens", "attention"):
+            summary.add_row(
+                f"DP efficiency, {dp['world_size']} ranks, by {mode}", f"{100 * dp[mode]:.1f} %"
+            )
+    console.print(summary)
+    fill = report["histograms"]["row_fill"]
+    console.print(
+        _histogram(
+            "row fill (tokens / L)",
+            [f"{int(100 * b['from'])}-{int(100 * b['to'])} %" for b in fill],
+            [b["rows"] for b in fill],
+        )
+    )
+    console.print(_histogram("segments per row", *segment_bins(report["histograms"])))
+    for view in report["row_views"]:
+        console.print(_row(view))

@@ -1,0 +1,173 @@
+"""`packer inspect`: the summary, histograms and row views agree with the shards and sources."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_samples, read_shards, write_jsonl, write_parquet
+
+from packer.errors import EXIT_USAGE
+from packer.samples import IGNORE_INDEX
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> tuple[Path, list[dict]]:
+    d = tmp_path_factory.mktemp("inspect")
+    a, b = make_samples(150, seed=1, median=80), make_samples(100, seed=2, median=80)
+    write_jsonl(d / "a.jsonl", a)
+    write_parquet(d / "b.parquet", b)
+    out = d / "out"
+    from typer.testing import CliRunner
+
+    from packer.cli import app
+
+    args = ["pack", str(d / "a.jsonl"), str(d / "b.parquet"), "-o", str(out), "-L", "256"]
+    result = CliRunner().invoke(app, [*args, "--overlength", "split", "--pad"])
+    assert result.exit_code == 0, result.output
+    return out, a + b
+
+
+def test_json_report_matches_the_shards(cli, packed):
+    out, samples = packed
+    table = read_shards(out).to_pydict()
+    n = len(table["input_ids"])
+    rows = [0, n // 2, n - 1]
+    result = cli("inspect", out, *[x for r in rows for x in ("--row", str(r))], "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["rows"] == n and report["config"]["max_len"] == 256
+    assert report["stats"]["samples_in"] == 250
+
+    fill = report["histograms"]["row_fill"]
+    assert sum(b["rows"] for b in fill) == n
+    assert fill[-1]["rows"] >= 1  # bfd fills most rows
+    segs = {b["segments"]: b["rows"] for b in report["histograms"]["segments_per_row"]}
+    expected = {}
+    for sidx in table["sample_index"]:
+        expected[len(sidx)] = expected.get(len(sidx), 0) + 1
+    assert segs == expected
+
+    assert [v["row"] for v in report["row_views"]] == rows
+    for view in report["row_views"]:
+        r = view["row"]
+        cu, labels = table["cu_seqlens"][r], table["labels"][r]
+        assert view["tokens"] == len(table["input_ids"][r]) == 256  # padded
+        assert view["loss_tokens"] == table["num_loss_tokens"][r]
+        for k, seg in enumerate(view["segments"]):
+            a, e = cu[k], cu[k + 1]
+            assert seg["length"] == e - a
+            lab = np.array(labels[a:e])
+            assert seg["loss_tokens"] == int((lab != IGNORE_INDEX).sum())
+            masked = np.zeros(e - a, bool)
+            for s, t in seg["masked"]:
+                masked[s:t] = True
+            assert (masked == (lab == IGNORE_INDEX)).all()
+            if seg.get("padding"):
+                assert k == len(cu) - 2
+                continue
+            index = seg["sample_index"]
+            assert index == table["sample_index"][r][k]
+            src = seg["source"]
+            if index < 150:  # JSONL: one sample per line
+                assert src == {"file": str(out.parent / "a.jsonl"), "line": index + 1}
+            else:
+                assert src == {"file": str(out.parent / "b.parquet"), "row": index - 150}
+            off = seg["sample_offset"]
+            assert table["input_ids"][r][a:e] == samples[index]["input_ids"][off : off + e - a]
+
+
+def test_terminal_view_and_world_size(cli, packed):
+    out, _ = packed
+    result = cli("inspect", out, "--row", "1", "--world-size", "4")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    for part in ("row fill", "segments per row", "row 1 (shard-00000.arrow", "DP efficiency"):
+        assert part in text
+    data = json.loads(cli("inspect", out, "--world-size", "4", "--json").stdout)
+    dp = data["dp_efficiency"]
+    assert dp["world_size"] == 4 and 0 < dp["tokens"] <= 1 and 0 < dp["attention"] <= 1
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--row", "100000"], "out of range"),
+        (["--row", "-1"], "out of range"),
+        (["--tokenizer", "/nonexistent/tokenizer.json"], "no tokenizer.json"),
+        (["--world-size", "0"], "--world-size"),
+    ],
+)
+def test_bad_options_are_one_line(cli, packed, args, message):
+    out, _ = packed
+    result = cli("inspect", out, *args)
+    assert result.exit_code == EXIT_USAGE
+    assert message in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_not_a_packer_output(cli, tmp_path: Path):
+    result = cli("inspect", tmp_path)
+    assert result.exit_code == EXIT_USAGE and "not a packer output" in result.stderr
+
+
+def word_tokenizer(path: Path, vocab: int = 1000) -> Path:
+    """A local tokenizer.json whose token i is the word `w<i>`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+def test_tokenizer_decodes_segments_with_masked_runs(cli, packed, tmp_path: Path):
+    out, samples = packed
+    tok = word_tokenizer(tmp_path / "tokenizer.json")
+    report = json.loads(cli("inspect", out, "--row", "2", "--tokenizer", tok, "--json").stdout)
+    for seg in report["row_views"][0]["segments"]:
+        if seg.get("padding"):
+            continue
+        ids = samples[seg["sample_index"]]["input_ids"][seg["sample_offset"] :][: seg["length"]]
+        words = " ".join(run["text"] for run in seg["text"]).split()
+        assert words == [f"w{i}" for i in ids]
+        assert seg["text"][0]["masked"] is True  # the first label of a sample is always -100
+        masked_words = sum(len(run["text"].split()) for run in seg["text"] if run["masked"])
+        assert masked_words == seg["length"] - seg["loss_tokens"]
+    text = cli("inspect", out, "--row", "2", "--tokenizer", tmp_path).stdout
+    assert "(masked" in text and "│ w" in text
+
+
+def test_html_page_is_self_contained(cli, packed, tmp_path: Path):
+    out, _ = packed
+    page = tmp_path / "report.html"
+    result = cli("inspect", out, "--row", "0", "--row", "3", "--html", page)
+    assert result.exit_code == 0, result.output
+    html = page.read_text()
+    assert html.count("<svg") == 2
+    assert 'id="row-0"' in html and 'id="row-3"' in html
+    for external in ("<script", "src=", "href=", "url(", "@import"):
+        assert external not in html
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed")
+def test_html_renders_in_headless_chromium(cli, packed, tmp_path: Path):
+    out, _ = packed
+    page = tmp_path / "report.html"
+    rows = ["1", "4", "7"]
+    assert (
+        cli("inspect", out, *[x for r in rows for x in ("--row", r)], "--html", page).exit_code == 0
+    )
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+    dom = subprocess.run(
+        ["chromium", *flags, "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    assert "packer inspect:" in dom and "rows by fill" in dom
+    for r in rows:
+        assert f"Row {r} (shard-00000.arrow" in dom
