@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
-from packer.inspection import segment_bins
+from packer.inspection import segment_bins, source_text
 
 _CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
@@ -55,14 +55,6 @@ def _kv_table(items: dict) -> str:
     return f"<table>{rows}</table>"
 
 
-def _source_text(seg: dict) -> str:
-    if seg.get("padding"):
-        return "padding"
-    src = seg["source"]
-    where = next((f"{k} {src[k]}" for k in ("line", "row", "sample_in_file") if k in src), "")
-    return f"{src.get('file')}: {where}"
-
-
 def _segment_text(seg: dict) -> str:
     if "text" not in seg:
         return ""
@@ -87,7 +79,7 @@ def _row_html(view: dict) -> str:
         rows.append(
             "<tr>"
             f'<td class="n">{seg.get("sample_index", "")}</td>'
-            f"<td>{escape(_source_text(seg))}</td>"
+            f"<td>{escape(source_text(seg))}</td>"
             f'<td class="n">{seg["length"]:,}</td>'
             f'<td class="n">{seg["loss_tokens"]:,}</td>'
             f"<td>{escape(masked)}{_segment_text(seg)}</td>"

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from packer.inspection import segment_bins
+from packer.inspection import segment_bins, source_text
 
 _BAR = 40  # characters of the longest histogram bar
 
@@ -20,14 +20,6 @@ def _histogram(title: str, labels: list[str], values: list[int]) -> Table:
     for label, value in zip(labels, values):
         table.add_row(label, "█" * round(_BAR * value / top), f"{value:,}")
     return table
-
-
-def _source(seg: dict) -> str:
-    if seg.get("padding"):
-        return "padding"
-    src = seg["source"]
-    where = next((f"{k} {src[k]}" for k in ("line", "row", "sample_in_file") if k in src), "")
-    return f"{src.get('file')}: {where}"
 
 
 def _row(view: dict) -> Table:
@@ -51,7 +43,7 @@ def _row(view: dict) -> Table:
         masked = ", ".join(f"{a}-{b - 1}" for a, b in seg["masked"]) or "none"
         cells = [
             str(seg.get("sample_index", "")),
-            _source(seg),
+            source_text(seg),
             f"{seg['length']:,}",
             f"{seg['loss_tokens']:,}",
             masked,

@@ -50,18 +50,7 @@ def _read_all(directory: Path, manifest: dict) -> _Shards:
 
 
 def _sources(manifest: dict) -> list[SourceFile]:
-    return [
-        SourceFile(
-            path=Path(inp["path"]),
-            format=inp["format"],
-            num_samples=int(inp["samples"]),
-            first_index=int(inp["first_index"]),
-            size=int(inp["bytes"]),
-            fingerprint=inp["fingerprint"],
-            has_labels=bool(inp.get("has_labels")),
-        )
-        for inp in manifest.get("inputs", [])
-    ]
+    return [SourceFile.from_manifest(inp) for inp in manifest.get("inputs", [])]
 
 
 def _where(sources: list[SourceFile], index: int) -> dict:
@@ -118,6 +107,15 @@ def _histograms(shards: _Shards, max_len: int) -> tuple[dict, np.ndarray, np.nda
         ],
     }
     return hist, fill, np.concatenate(seg_lengths) if seg_lengths else np.zeros(0, np.int64)
+
+
+def source_text(seg: dict) -> str:
+    """Where a segment of a row view comes from, as one line."""
+    if seg.get("padding"):
+        return "padding"
+    src = seg["source"]
+    where = next((f"{k} {src[k]}" for k in ("line", "row", "sample_in_file") if k in src), "")
+    return f"{src.get('file')}: {where}"
 
 
 def segment_bins(hist: dict, max_bins: int = 16) -> tuple[list[str], list[int]]:

@@ -136,20 +136,7 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     sample_ends = np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
     offsets = np.zeros(kept.size + 1, np.int64)
     offsets[1:] = sample_ends
-    sources = [
-        RepackedSource(
-            path=Path(inp["path"]),
-            format=inp["format"],
-            num_samples=int(inp["samples"]),
-            first_index=int(inp["first_index"]),
-            size=int(inp["bytes"]),
-            fingerprint=inp["fingerprint"],
-            has_labels=bool(inp.get("has_labels")),
-            rejected=int(inp.get("rejected", 0)),
-            packed=directory,
-        )
-        for inp in manifest["inputs"]
-    ]
+    sources = [RepackedSource.from_manifest(inp, packed=directory) for inp in manifest["inputs"]]
     num_input = sum(s.num_samples for s in sources)
     index = None if kept.size == num_input and kept[-1] == num_input - 1 else kept
     samples = Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index)

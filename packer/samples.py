@@ -41,6 +41,21 @@ class SourceFile:
     # For JSONL: 1-based line number of every sample, filled only when an error needs it.
     _lines: np.ndarray | None = field(default=None, repr=False)
 
+    @classmethod
+    def from_manifest(cls, entry: dict, **extra):
+        """An input as a packer manifest records it (the file itself may be gone)."""
+        return cls(
+            path=Path(entry["path"]),
+            format=entry["format"],
+            num_samples=int(entry["samples"]),
+            first_index=int(entry["first_index"]),
+            size=int(entry["bytes"]),
+            fingerprint=entry["fingerprint"],
+            has_labels=bool(entry.get("has_labels")),
+            rejected=int(entry.get("rejected", 0)),
+            **extra,
+        )
+
     def position(self, row: int) -> tuple[str, int]:
         """("line", 1-based line) for JSONL, ("row", 0-based row) for Parquet and Arrow."""
         if self.format != "jsonl":
