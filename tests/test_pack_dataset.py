@@ -345,3 +345,126 @@ def test_output_is_built_on_one_set_of_buffers(monkeypatch):
         ends = [a + c.values.nbytes for a, c in zip(starts, chunks)]
         assert starts[1:] == ends[:-1]  # each batch starts where the previous one ended
     assert packer.pack_dataset is pack_dataset
+
+
+# --------------------------------------------------------------------------------------------
+# Training on the returned Dataset: TRL's padding-free collator and packer's own collator give
+# a tiny random Llama the loss of every sample run alone (CPU, fp32, sdpa)
+
+VOCAB = 1000
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def training(one_torch_thread):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from packer.tiny_model import build_tiny_model
+
+    samples = make_samples(40, seed=11, median=16, vocab=VOCAB)  # a few longer than a row
+    model = build_tiny_model(seed=0, vocab_size=VOCAB, hidden_size=32, max_positions=256)
+    return samples, model
+
+
+def reference_loss(model, samples, rows) -> float:
+    """Token-weighted mean loss of every packed piece run alone, from the source samples."""
+    import torch
+
+    from packer.torch import sum_token_loss
+
+    total, count = 0.0, 0
+    for row in rows:
+        n_real = len(row["sample_index"])
+        for index, offset, n in zip(
+            row["sample_index"], row["sample_offset"], row["seq_lengths"][:n_real]
+        ):
+            sample = samples[index]
+            ids = torch.tensor(sample["input_ids"][offset : offset + n])[None]
+            labels = torch.tensor(sample["labels"][offset : offset + n])[None]
+            labels[0, 0] = -100  # the contract: a piece's first token is never a target
+            with torch.no_grad():
+                total += sum_token_loss(model(input_ids=ids).logits, labels).item()
+            count += int((labels[0, 1:] != -100).sum())
+    return total / count
+
+
+def model_loss(model, batch) -> float:
+    import torch
+
+    with torch.no_grad():
+        return model(**batch).loss.item()
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_trl_padding_free_collator_keeps_samples_apart(training, pad):
+    pytest.importorskip("trl")
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from packer.torch import collate_packed
+
+    samples, model = training
+    packed = pack_dataset(datasets.Dataset.from_list(samples), 80, overlength="split", pad=pad)
+    rows = [packed[i] for i in (0, 1, len(packed) - 1)]
+    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(rows)
+    reference = reference_loss(model, samples, rows)
+    assert abs(model_loss(model, batch) - reference) <= TOL
+    # TRL rebuilds positions from seq_lengths: they are packer's position_ids, and its
+    # boundaries are packer's (padding, when stored, is one more sequence of -100 labels)
+    flat = [p for r in rows for p in r["position_ids"]]
+    assert batch["position_ids"][0].tolist() == flat
+    assert batch["labels"][0].tolist() == [x for r in rows for x in r["labels"]]
+    if not pad:
+        assert torch.equal(batch["cu_seq_lens_q"], collate_packed(rows)["cu_seq_lens_q"])
+    # negative control: the same tokens as one sequence leak across samples
+    plain = dict(batch, position_ids=torch.arange(len(flat))[None])
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"):
+        plain.pop(key)
+    assert abs(model_loss(model, plain) - reference) > TOL
+
+
+@pytest.mark.parametrize("mode", ["flatten", "pad"])
+def test_packer_collator_on_the_returned_dataset(training, mode):
+    from packer.torch import collate_packed, model_inputs
+
+    samples, model = training
+    packed = pack_dataset(datasets.Dataset.from_list(samples), 80, overlength="split")
+    rows = [packed[i] for i in (0, 2, len(packed) - 1)]
+    batch = collate_packed(rows, mode)
+    assert batch["num_loss_tokens"] == sum(r["num_loss_tokens"] for r in rows)
+    loss = model_loss(model, model_inputs(batch))
+    assert abs(loss - reference_loss(model, samples, rows)) <= TOL
+
+
+@pytest.mark.filterwarnings("ignore:'pin_memory' argument:UserWarning")  # CPU-only machine
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
+def test_sft_trainer_padding_free_batch_has_the_per_sample_loss(training, tmp_path):
+    """SFTTrainer(padding_free=True) on the returned Dataset as is: its own collator and column
+    handling; one batch holding every row gives the mean loss of every sample alone."""
+    pytest.importorskip("trl")
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+    from trl import SFTConfig, SFTTrainer
+
+    samples, model = training
+    packed = pack_dataset(datasets.Dataset.from_list(samples), 80, overlength="split")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel({"<pad>": 0, "<unk>": 1}, unk_token="<unk>")),
+        pad_token="<pad>",
+    )
+    config = SFTConfig(
+        output_dir=str(tmp_path / "sft"),
+        padding_free=True,
+        max_length=None,  # the rows are packed already
+        per_device_train_batch_size=len(packed),
+        report_to="none",
+        bf16=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+    )
+    trainer = SFTTrainer(model=model, args=config, processing_class=tokenizer, train_dataset=packed)
+    batch = next(iter(trainer.get_train_dataloader()))
+    assert batch["input_ids"].shape == (1, sum(len(ids) for ids in packed["input_ids"]))
+    assert "attention_mask" not in batch
+    model.eval()
+    reference = reference_loss(model, samples, [packed[i] for i in range(len(packed))])
+    assert abs(model_loss(model, batch) - reference) <= TOL
