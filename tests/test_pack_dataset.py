@@ -468,3 +468,18 @@ def test_sft_trainer_padding_free_batch_has_the_per_sample_loss(training, tmp_pa
     model.eval()
     reference = reference_loss(model, samples, [packed[i] for i in range(len(packed))])
     assert abs(model_loss(model, batch) - reference) <= TOL
+
+
+def test_readme_python_snippet_runs(capsys):
+    """The README's `pack_dataset` example runs and prints what the text says it does."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Python: `pack_dataset`") :]
+    section = section[: section.index("\n## ", 1)]
+    (code,) = re.findall(r"<!-- runnable -->\n```python\n(.*?)```", section, re.S)
+    scope: dict = {"__name__": "__snippet__"}
+    exec(compile(code, "<README Python>", "exec"), scope)  # noqa: S102
+    assert capsys.readouterr().out.split() == ["3", "0.833333", "[4]"]
+    assert scope["table"].column("labels").to_pylist() == [[-100, 2, 3, -100, 5]]
