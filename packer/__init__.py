@@ -3,6 +3,7 @@
 __version__ = "0.1.0"
 
 from packer.config import PackConfig  # noqa: E402
+from packer.in_memory import pack_dataset  # noqa: E402
 from packer.own_outputs import PackedInputError  # noqa: E402
 from packer.pipeline import PackResult, pack, read_manifest  # noqa: E402
 from packer.planning import Plan, lower_bound, plan  # noqa: E402
@@ -16,6 +17,7 @@ __all__ = [
     "__version__",
     "lower_bound",
     "pack",
+    "pack_dataset",
     "plan",
     "read_manifest",
     "read_samples",

@@ -38,5 +38,15 @@ class OutputError(PackerError):
     """The output could not be written (full disk, permissions, I/O error); nothing was left."""
 
 
+class OptionError(UsageError, ValueError):
+    """`pack_dataset` options that cannot work; a `ValueError` for Python callers."""
+
+
+class SampleError(InputError, ValueError):
+    """Data given to `pack_dataset` that packer cannot pack (bad ids, empty samples, labels of
+    another length, a missing column, over-length samples with `overlength="error"`); the
+    message names the sample as `sample N`. A `ValueError` for Python callers."""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C would be so that the same clean-up runs."""

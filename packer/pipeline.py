@@ -64,13 +64,20 @@ class PackResult:
 
 
 def compute_stats(
-    samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, loss_tokens: int, pad_tokens: int
+    samples: Samples,
+    segs: Segments,
+    pl: Plan,
+    cfg: PackConfig,
+    loss_tokens: int,
+    pad_tokens: int,
+    global_rows: int | None = None,
 ) -> dict:
+    """The figures of `packer pack --json` (and `pack_dataset(..., return_stats=True)`)."""
     tokens = int(segs.length.sum())
     lb = lower_bound(tokens, cfg.max_len)
     rows = pl.num_rows
     rejects = samples.rejects
-    return {
+    stats = {
         "samples_in": samples.num_input_samples,
         "samples_packed": samples.num_samples - segs.dropped,
         "rejected": samples.num_rejected,
@@ -89,6 +96,23 @@ def compute_stats(
         "rows_over_lower_bound": round(rows / lb, 6) if lb else 1.0,
         "efficiency": round(tokens / (rows * cfg.max_len), 6) if rows else 1.0,
     }
+    if global_rows is not None:  # what windowing costs against one global plan
+        stats["global_rows"] = global_rows
+        stats["window_cost"] = round(rows / global_rows - 1, 6) if global_rows else 0.0
+    return stats
+
+
+def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int | None]:
+    """Resolve over-length samples and plan their rows: (segments, plan, rows of one global
+    plan when `cfg.window` is set). Shared by `pack` and `pack_dataset`."""
+    segs = resolve(samples, cfg.max_len, cfg.overlength)
+    if samples.index is not None:  # skipped samples keep their input numbering
+        segs.sample = samples.index[segs.sample]
+    pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
+    global_rows = None
+    if cfg.window is not None:
+        global_rows = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows
+    return segs, pl, global_rows
 
 
 def build_manifest(
@@ -268,13 +292,7 @@ def _pack_samples(
     t = time.perf_counter()
     if progress:
         progress("plan", 0, 0)
-    segs = resolve(samples, cfg.max_len, cfg.overlength)
-    if samples.index is not None:  # --on-error skip left samples out: keep input numbering
-        segs.sample = samples.index[segs.sample]
-    pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
-    global_rows = None
-    if cfg.window is not None:  # what windowing costs against one global plan
-        global_rows = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows
+    segs, pl, global_rows = plan_samples(samples, cfg)
     timings["plan"] = time.perf_counter() - t
     if progress:
         progress("plan", 1, 1)
@@ -290,10 +308,7 @@ def _pack_samples(
         shards = write_shards(samples, segs, pl, cfg, tmp, progress, workers)
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
-        stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens)
-        if global_rows is not None:
-            stats["global_rows"] = global_rows
-            stats["window_cost"] = round(pl.num_rows / global_rows - 1, 6) if global_rows else 0.0
+        stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows)
         rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
         manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from)
         # The manifest is written last: a directory with shards but no manifest is never complete.
