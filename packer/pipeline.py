@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from packer import __version__, hashing, output
 from packer.cache import (
     batch_bytes_for,
@@ -35,6 +37,8 @@ from packer.writer import SCHEMA
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
+# The source labels that split points overwrite with -100 (see `_write_split_labels`).
+SPLIT_LABELS = "split_labels.jsonl"
 FORMAT_VERSION = 1
 
 # progress(stage, done, total, label): "read" (bytes of all files), "file" (bytes of the file
@@ -122,6 +126,7 @@ def build_manifest(
     shards: list[dict],
     rejects: dict | None = None,
     repacked_from: dict | None = None,
+    split_labels: dict | None = None,
 ) -> dict:
     manifest = {
         "packer_version": __version__,
@@ -147,6 +152,8 @@ def build_manifest(
     }
     if repacked_from is not None:
         manifest["repacked_from"] = repacked_from
+    if split_labels is not None:
+        manifest["split_labels"] = split_labels
     return manifest
 
 
@@ -158,6 +165,35 @@ def _write_rejects(samples: Samples, tmp: Path, algorithm: str) -> dict:
     return {
         "file": REJECTS,
         "count": samples.num_rejected,
+        "bytes": path.stat().st_size,
+        algorithm: hashing.file_digest(path, algorithm),
+    }
+
+
+def _write_split_labels(samples: Samples, segs, tmp: Path, algorithm: str) -> dict | None:
+    """split_labels.jsonl: the source label at every split point after a sample's first piece.
+
+    A packed row labels the first token of every segment -100, so a split point loses the
+    source's label there; this small file keeps it, and `--repack` puts it back. Written only
+    when samples with a labels column were split.
+    """
+    if not samples.has_labels:
+        return None
+    pieces = np.flatnonzero(segs.offset > 0)
+    if pieces.size == 0:
+        return None
+    labels = samples.labels_at(segs.start[pieces])
+    path = tmp / SPLIT_LABELS
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.writelines(
+            f'{{"label": {lab}, "sample_index": {s}, "sample_offset": {o}}}\n'
+            for lab, s, o in zip(
+                labels.tolist(), segs.sample[pieces].tolist(), segs.offset[pieces].tolist()
+            )
+        )
+    return {
+        "file": SPLIT_LABELS,
+        "count": int(pieces.size),
         "bytes": path.stat().st_size,
         algorithm: hashing.file_digest(path, algorithm),
     }
@@ -310,7 +346,8 @@ def _pack_samples(
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows)
         rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
-        manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from)
+        split_labels = _write_split_labels(samples, segs, tmp, cfg.hash)
+        manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from, split_labels)
         # The manifest is written last: a directory with shards but no manifest is never complete.
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2, sort_keys=True)

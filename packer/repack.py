@@ -7,10 +7,10 @@ stored padding is dropped, and `sample_index` keeps pointing at the original inp
 re-packed output is byte-identical to packing the originals with the same options and
 `packer verify --input ORIGINAL` still checks it.
 
-One thing a packed output does not hold: the label at the start of every piece after the
-first of a split sample (the packed row stores -100 there, as at every segment start). Without
-a labels column that label is the token itself and comes back; with one it is gone, and such an
-output is refused rather than re-packed with labels that differ from the source.
+A packed row labels the first token of every segment -100, so the label at the start of every
+piece after the first of a split sample is not in the rows: without a labels column it is the
+token itself; with one, the output keeps it in `split_labels.jsonl`. An output without that
+file (written before packer kept it) is refused rather than re-packed with other labels.
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
 
 from packer import hashing
 from packer.errors import InputError
 from packer.own_outputs import MANIFEST, PackedInputError, is_packer_output, read_manifest
+from packer.pipeline import SPLIT_LABELS
 from packer.samples import Samples, SourceFile
 
 
@@ -53,6 +56,26 @@ def check_repack_inputs(inputs: list[str | Path]) -> Path:
             "from 0 against its own original inputs)"
         )
     return paths[0]
+
+
+def _split_labels(directory: Path, manifest: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sorted keys sample << 31 | offset, labels) from the output's split_labels.jsonl."""
+    entry = manifest.get("split_labels")
+    if not entry:
+        return None
+    path = directory / entry["file"]
+    recorded = hashing.recorded(entry)
+    try:
+        if recorded is not None and hashing.file_digest(path, recorded[0]) != recorded[1]:
+            raise InputError("does not match its hash in manifest.json", where=str(path))
+        table = pa_json.read_json(str(path))
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"cannot read: {exc}", where=str(path)) from None
+    sample = table.column("sample_index").to_numpy().astype(np.int64)
+    offset = table.column("sample_offset").to_numpy().astype(np.int64)
+    key = sample * (1 << 31) + offset
+    order = np.argsort(key, kind="stable")
+    return key[order], table.column("label").to_numpy().astype(np.int32)[order]
 
 
 def read_packed(directory: Path) -> tuple[Samples, dict]:
@@ -118,18 +141,23 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     labels = None
     pieces = ~first  # pieces after the first: their first label was overwritten with -100
     if has_labels:
-        n_lost = int(pieces.sum())
-        if n_lost:
-            n_split = int(np.unique(sample[pieces]).size)
-            raise PackedInputError(
-                f"{n_split} sample(s) were split when this output was packed, and the "
-                f"labels at their {n_lost} split point(s) are not stored (the packed rows "
-                "hold -100 there); re-packing would change those labels: pack the original "
-                "inputs instead",
-                where=str(directory),
-            )
         all_lab = np.concatenate(lab_parts) if len(lab_parts) > 1 else lab_parts[0]
         labels = np.ascontiguousarray(all_lab[gather], dtype=np.int32)
+        if pieces.any():
+            split = _split_labels(directory, manifest)
+            key = sample[pieces] * (1 << 31) + offset[pieces]
+            at = np.searchsorted(split[0], key) if split is not None else None
+            if at is None or (at >= split[0].size).any() or (split[0][at] != key).any():
+                n_lost = int(pieces.sum())
+                n_split = int(np.unique(sample[pieces]).size)
+                raise PackedInputError(
+                    f"{n_split} sample(s) were split when this output was packed, and the "
+                    f"labels at their {n_lost} split point(s) are not recorded (no complete "
+                    f"{SPLIT_LABELS}: an output of packer before it kept them); re-packing "
+                    "would change those labels: pack the original inputs instead",
+                    where=str(directory),
+                )
+            labels[starts[pieces]] = split[1][at]
     del gather
 
     kept = sample[first]

@@ -161,6 +161,17 @@ class Samples:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def labels_at(self, positions: np.ndarray) -> np.ndarray:
+        """The labels at global token positions, wherever the values live."""
+        if self.labels is not None:
+            return np.asarray(self.labels[positions], np.int32)
+        chunk = np.searchsorted(self.chunk_starts, positions, side="right") - 1
+        out = np.empty(positions.size, np.int32)
+        for c in np.unique(chunk).tolist():
+            sel = chunk == c
+            out[sel] = self.label_chunks[c][positions[sel] - self.chunk_starts[c]]
+        return out
+
     def global_index(self, position: int) -> int:
         """Global (input) index of the sample held at `position`."""
         return int(self.index[position]) if self.index is not None else int(position)

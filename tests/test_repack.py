@@ -190,14 +190,49 @@ def test_repack_in_place(cli, tmp_path: Path):
     assert no_leftovers(tmp_path) == []
 
 
-def test_repack_refuses_split_labels_it_cannot_restore(cli, tmp_path: Path):
+def test_repack_restores_the_labels_at_split_points(cli, tmp_path: Path):
+    samples = make_samples(200, seed=8, median=150, max_len=1000)
+    src = write_jsonl(tmp_path / "src.jsonl", samples)
+    small, big, direct = tmp_path / "small", tmp_path / "big", tmp_path / "direct"
+    r = cli("pack", src, "-o", small, "-L", "128", "--overlength", "split", "--json")
+    assert r.exit_code == 0, r.output
+    manifest = json.loads((small / "manifest.json").read_text())
+    entry = manifest["split_labels"]
+    lines = [json.loads(x) for x in (small / entry["file"]).read_text().splitlines()]
+    assert entry["count"] == len(lines) > 50
+    for line in lines:  # the source label at every split point the rows overwrote with -100
+        s, o = line["sample_index"], line["sample_offset"]
+        assert o > 0 and o % 128 == 0
+        assert line["label"] == samples[s]["labels"][o]
+    assert any(line["label"] != -100 for line in lines)  # so the test can tell
+
+    assert cli("pack", small, "-o", big, "-L", "1024", "--repack").exit_code == 0
+    assert cli("pack", src, "-o", direct, "-L", "1024").exit_code == 0
+    assert shard_bytes(big) == shard_bytes(direct)
+    v = cli("verify", big, "--input", src, "--rows", "1", "--json")
+    assert v.exit_code == 0, v.output
+
+
+@pytest.mark.parametrize("damage", ["missing", "corrupt"])
+def test_repack_refuses_split_labels_it_cannot_restore(cli, tmp_path: Path, damage: str):
     src = write_jsonl(tmp_path / "src.jsonl", make_samples(200, seed=8, median=150))
     small = tmp_path / "small"
     assert cli("pack", src, "-o", small, "-L", "128", "--overlength", "split").exit_code == 0
+    labels_file = small / "split_labels.jsonl"
+    if damage == "missing":  # an output written before packer kept these labels
+        manifest = json.loads((small / "manifest.json").read_text())
+        del manifest["split_labels"]
+        (small / "manifest.json").write_text(json.dumps(manifest))
+        labels_file.unlink()
+    else:
+        labels_file.write_text(labels_file.read_text().replace('"label": ', '"label": 1', 1))
     out = tmp_path / "out"
     r = cli("pack", small, "-o", out, "-L", "1024", "--repack")
-    assert r.exit_code == EXIT_USAGE
-    assert "split point" in r.stderr and "pack the original inputs" in r.stderr
+    if damage == "missing":
+        assert r.exit_code == EXIT_USAGE
+        assert "split point" in r.stderr and "pack the original inputs" in r.stderr
+    else:
+        assert r.exit_code == 1 and "does not match its hash" in r.stderr
     assert not out.exists()
     assert no_leftovers(tmp_path) == []
 
@@ -228,12 +263,16 @@ def test_repack_refuses_mixed_or_several_inputs(cli, data_dir: Path, tmp_path: P
     grow=st.integers(1, 4),
     pad=st.booleans(),
     strategy=st.sampled_from(["bfd", "ffd", "nf", "ff-shuffle"]),
+    labelled=st.booleans(),
 )
 def test_repack_property_same_bytes_as_packing_the_original(
-    tmp_path_factory, lengths, small, grow, pad, strategy
+    tmp_path_factory, lengths, small, grow, pad, strategy, labelled
 ):
     tmp = tmp_path_factory.mktemp("prop")
     samples = [{"input_ids": [(i * 7 + j) % 997 for j in range(n)]} for i, n in enumerate(lengths)]
+    if labelled:  # labels differ from the ids, -100 on every third token
+        for s in samples:
+            s["labels"] = [-100 if j % 3 == 0 else t + 1 for j, t in enumerate(s["input_ids"])]
     src = write_jsonl(tmp / "src.jsonl", samples)
     first = packer.pack(
         [src], tmp / "a", packer.PackConfig(max_len=small, overlength="split", pad=pad)
@@ -243,3 +282,15 @@ def test_repack_property_same_bytes_as_packing_the_original(
     packer.pack([tmp / "a"], tmp / "b", big, repack=True)
     packer.pack([src], tmp / "c", big)
     assert shard_bytes(tmp / "b") == shard_bytes(tmp / "c")
+
+
+def test_split_labels_are_the_same_out_of_core(tmp_path: Path):
+    src = write_parquet(tmp_path / "src.parquet", make_samples(300, seed=4, median=150))
+    cfg = packer.PackConfig(max_len=100, overlength="split")
+    packer.pack([src], tmp_path / "mem", cfg, out_of_core=False)
+    packer.pack([src], tmp_path / "ooc", cfg, memory_budget="1MiB", out_of_core=True)
+    mem = (tmp_path / "mem" / "split_labels.jsonl").read_bytes()
+    assert mem and mem == (tmp_path / "ooc" / "split_labels.jsonl").read_bytes()
+    assert (tmp_path / "mem" / "manifest.json").read_bytes() == (
+        tmp_path / "ooc" / "manifest.json"
+    ).read_bytes()
