@@ -11,13 +11,15 @@ into the CSR plan: that pass and the length histogram are the only work per samp
 
 Kernels are small numba functions over flat arrays, cached on disk so the CLI does not recompile
 them at every start, `nogil` so windows can be planned on several threads, and each is tested
-against a plain-Python reference (tests/test_algorithms.py).
+against a plain-Python reference (tests/test_algorithms.py). What keeps their first compilation
+short (loops instead of slice copies, few allocation forms) is explained in `packer.jit`.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from packer.jit import kernel
 
 # columns of the `groups` table
 G_FIRST, G_ROWS, G_ITEMS, G_CAP, G_NEXT = 0, 1, 2, 3, 4
@@ -25,7 +27,7 @@ G_FIRST, G_ROWS, G_ITEMS, G_CAP, G_NEXT = 0, 1, 2, 3, 4
 E_FIRST, E_ROWS, E_PER_ROW, E_OFFSET = 0, 1, 2, 3
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def length_histogram(lengths, max_len):  # pragma: no cover - compiled
     """(counts[0..L], index of the first length outside 1..L or -1): validation for free."""
     counts = np.zeros(max_len + 1, np.int64)
@@ -37,7 +39,7 @@ def length_histogram(lengths, max_len):  # pragma: no cover - compiled
     return counts, -1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def first_bad_length(lengths, max_len):  # pragma: no cover - compiled
     """Index of the first length outside 1..L, or -1."""
     for i in range(lengths.size):
@@ -50,7 +52,7 @@ def first_bad_length(lengths, max_len):  # pragma: no cover - compiled
 # Presence tree over capacities 0..L (a bit per capacity that has at least one group)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
     node = leaf + size
     tree[node] = present
@@ -63,7 +65,7 @@ def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
         node >>= 1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     """Smallest present leaf >= `leaf`, or -1."""
     node = leaf + size
@@ -81,7 +83,7 @@ def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     return node - size
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _tree_last(tree, size):  # pragma: no cover - compiled
     """Largest present leaf, or -1."""
     if not tree[1]:
@@ -92,7 +94,7 @@ def _tree_last(tree, size):  # pragma: no cover - compiled
     return node - size
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _tree_last_below(tree, size, leaf):  # pragma: no cover - compiled
     """Largest present leaf < `leaf`, or -1."""
     if leaf <= 0:
@@ -114,7 +116,7 @@ def _tree_last_below(tree, size, leaf):  # pragma: no cover - compiled
 # Growable tables and capacity buckets (a stack of groups per remaining capacity)
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _push_row(table, n, a, b, c, d, e):  # pragma: no cover - compiled
     """Append a row to a growable int64 table; returns the (possibly reallocated) table."""
     if n == table.shape[0]:
@@ -132,7 +134,7 @@ def _push_row(table, n, a, b, c, d, e):  # pragma: no cover - compiled
     return table
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _bucket_push(groups, head, tree, size, g):  # pragma: no cover - compiled
     cap = groups[g, G_CAP]
     if cap == 0:
@@ -143,7 +145,7 @@ def _bucket_push(groups, head, tree, size, g):  # pragma: no cover - compiled
     head[cap] = g
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _bucket_pop(groups, head, tree, size, cap):  # pragma: no cover - compiled
     g = head[cap]
     head[cap] = groups[g, G_NEXT]
@@ -152,7 +154,7 @@ def _bucket_pop(groups, head, tree, size, cap):  # pragma: no cover - compiled
     return g
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _tree_size(max_len):  # pragma: no cover - compiled
     size = 1
     while size < max_len + 1:
@@ -160,12 +162,14 @@ def _tree_size(max_len):  # pragma: no cover - compiled
     return size
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _bucket_tables(max_len):  # pragma: no cover - compiled
     """Empty state of a bucketed decreasing pass: presence tree, bucket heads, groups, events."""
     size = _tree_size(max_len)
-    tree = np.zeros(2 * size, np.uint8)
-    head = np.full(max_len + 1, -1, np.int64)
+    tree = np.zeros(2 * size, np.int64)
+    head = np.empty(max_len + 1, np.int64)
+    for cap in range(max_len + 1):
+        head[cap] = -1
     groups = np.empty((64, 5), np.int64)
     events = np.empty((64, 4), np.int64)
     ev_start = np.zeros(max_len + 1, np.int64)
@@ -173,7 +177,7 @@ def _bucket_tables(max_len):  # pragma: no cover - compiled
     return size, tree, head, groups, events, ev_start, ev_end
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _new_group(
     groups, events, ng, ne, head, tree, size, first, nrows, took, before, cap
 ):  # pragma: no cover - compiled
@@ -187,7 +191,7 @@ def _new_group(
     return groups, events, ng + 1, ne + 1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _open_rows(
     groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len
 ):  # pragma: no cover - compiled
@@ -211,7 +215,7 @@ def _open_rows(
 # Decreasing strategies on groups of rows
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
     """Best-fit decreasing: each sample goes to the fullest row that still fits it.
 
@@ -263,7 +267,7 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
     return groups, ng, events, ev_start, ev_end, num_rows
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
     """Shortest-pack-first (Graphcore's SPFHP rule): each sample goes to the emptiest row.
 
@@ -331,7 +335,7 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
 # Max trees over row ids (first fit): leaf r holds the capacity of the row or group starting at r
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _max_tree_set(tree, size, leaf, value):  # pragma: no cover - compiled
     node = leaf + size
     tree[node] = value
@@ -344,7 +348,7 @@ def _max_tree_set(tree, size, leaf, value):  # pragma: no cover - compiled
         node >>= 1
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _max_tree_leftmost(tree, size, need):  # pragma: no cover - compiled
     """Leftmost leaf with value >= need, or -1."""
     if tree[1] < need:
@@ -355,17 +359,18 @@ def _max_tree_leftmost(tree, size, need):  # pragma: no cover - compiled
     return node - size
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _max_tree_grow(tree, size):  # pragma: no cover - compiled
     """Twice as many leaves, same values."""
     bigger = np.zeros(4 * size, tree.dtype)
-    bigger[2 * size : 3 * size] = tree[size : 2 * size]
+    for leaf in range(size):  # a loop, not a slice copy (see `packer.jit`)
+        bigger[2 * size + leaf] = tree[size + leaf]
     for node in range(2 * size - 1, 0, -1):
         bigger[node] = max(bigger[2 * node], bigger[2 * node + 1])
     return bigger, 2 * size
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
     """First-fit decreasing: each sample goes to the lowest-numbered row that fits it.
 
@@ -375,7 +380,9 @@ def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
     """
     size = 1024
     tree = np.zeros(2 * size, np.int32)  # free space fits: L <= 2^30
-    group_at = np.full(size, -1, np.int64)
+    group_at = np.empty(size, np.int64)
+    for leaf in range(size):
+        group_at[leaf] = -1
     groups = np.empty((64, 5), np.int64)
     events = np.empty((64, 4), np.int64)
     ev_start = np.zeros(max_len + 1, np.int64)
@@ -393,8 +400,9 @@ def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 q, r = c // k, c % k
                 while num_rows + q + 1 > size:  # leaves for both new groups
                     tree, size = _max_tree_grow(tree, size)
-                    more = np.full(size, -1, np.int64)
-                    more[: group_at.size] = group_at
+                    more = np.empty(size, np.int64)
+                    for leaf in range(size):
+                        more[leaf] = group_at[leaf] if leaf < group_at.size else -1
                     group_at = more
                 if q:
                     groups = _push_row(groups, ng, num_rows, q, k, max_len - k * s, -1)
@@ -460,7 +468,7 @@ def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
 # From groups and events to a CSR plan
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def row_starts_from_groups(groups, n_groups, num_rows):  # pragma: no cover - compiled
     """Offsets of each row in `order`: every row of a group holds the group's item count."""
     row_starts = np.empty(num_rows + 1, np.int64)
@@ -475,7 +483,7 @@ def row_starts_from_groups(groups, n_groups, num_rows):  # pragma: no cover - co
     return row_starts
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len):  # pragma: no cover
     """The plan's `order` in one pass over the samples.
 
@@ -518,7 +526,7 @@ def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len):  # p
 # Order-driven strategies
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def next_fit(lengths, max_len):  # pragma: no cover - compiled
     """Row starts of next fit in input order: one pass, order preserved, streamable."""
     n = lengths.size
@@ -540,7 +548,7 @@ def next_fit(lengths, max_len):  # pragma: no cover - compiled
     return row_starts[: rows + 1].copy()
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def first_fit_in_order(lengths, visit, max_len):  # pragma: no cover - compiled
     """Row of each sample under first fit, visiting samples in the order `visit`.
 
@@ -567,7 +575,7 @@ def first_fit_in_order(lengths, visit, max_len):  # pragma: no cover - compiled
     return bin_of, num_rows
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def plan_from_bins(bin_of, num_rows):  # pragma: no cover - compiled
     """CSR plan from a row number per sample; samples keep their index order within a row."""
     row_starts = np.zeros(num_rows + 1, np.int64)
