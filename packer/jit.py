@@ -19,6 +19,7 @@ A kernel is compiled the first time it is called with new argument types, then c
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -74,6 +75,62 @@ def warm_gather() -> None:
     pl = Plan(order=np.arange(3, dtype=np.int64), row_starts=np.arange(4, dtype=np.int64))
     bounds = [(0, 0, pl.num_rows)]
     gather_batch(samples, segs, pl, cfg, 0, pl.num_rows, allocate(pl, segs, cfg, bounds))
+
+
+def warm_verify() -> None:
+    """`pack` and `verify` (structure and source checks) of a few samples in a temporary
+    directory: the real read, plan, gather and check calls, with their real argument types."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from packer.config import PackConfig
+    from packer.pipeline import pack
+    from packer.verify import verify
+
+    with tempfile.TemporaryDirectory(prefix="packer-warmup-") as tmp:
+        data = Path(tmp) / "warmup.jsonl"
+        rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9]}]
+        rows[1]["labels"] = [8, 9]
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = Path(tmp) / "out"
+        pack([data], out, PackConfig(max_len=4, overlength="split"), workers=1)
+        verify(out, [data], attention=False)
+
+
+def warm_steps() -> list[tuple[str, Callable[[], None]]]:
+    """What `packer warmup` runs: every kernel, with the argument types packer passes it."""
+    from packer.planning import STRATEGIES
+
+    steps = [(f"plan {name}", lambda name=name: warm_plan(name)) for name in STRATEGIES]
+    steps += [
+        (f"plan {name} (int32 lengths)", lambda name=name: warm_plan(name, np.int32))
+        for name in STRATEGIES
+    ]
+    return steps + [("gather", warm_gather), ("pack + verify", warm_verify)]
+
+
+def compiled_during(fn: Callable[[], None]) -> list[tuple[str, float]]:
+    """Run fn; the kernels numba compiled meanwhile (not those it loaded from the cache), with
+    their seconds. Helpers compiled inside a kernel's compilation count as part of it."""
+    from numba.core import event
+
+    done: list[tuple[str, float]] = []
+    local = threading.local()  # per thread: start times of the compilations under way
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            local.starts = getattr(local, "starts", []) + [time.perf_counter()]
+
+        def on_end(self, ev):
+            seconds = time.perf_counter() - local.starts.pop()
+            if not local.starts:
+                func = ev.data["dispatcher"].py_func
+                done.append((f"{func.__module__}.{func.__qualname__}", seconds))
+
+    with event.install_listener("numba:compile", Listener()):
+        fn()
+    return done
 
 
 class Warming:
