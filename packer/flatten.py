@@ -46,17 +46,34 @@ def copy_checked(src: np.ndarray, dst: np.ndarray, base: int, allow_ignore: bool
 _CHUNK = 1 << 22  # values per task, so one big Arrow chunk still spreads over the threads
 
 
+def _numpy(array: pa.Array) -> np.ndarray:
+    """Zero-copy numpy view of an Arrow array without nulls.
+
+    Integers are viewed through their data buffer: `Array.to_numpy` goes through Arrow's
+    pandas conversion, which imports pandas (half a second) the first time.
+    """
+    if not pa.types.is_integer(array.type):
+        return array.to_numpy()
+    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
+    dtype = np.dtype(f"{kind}{array.type.bit_width // 8}")
+    if len(array) == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(
+        array.buffers()[1], dtype, count=len(array), offset=array.offset * dtype.itemsize
+    )
+
+
 def _plain_chunks(column: pa.ChunkedArray):
     """(offsets, values) numpy views of every chunk, or None when a null is anywhere."""
     out = []
     for chunk in column.chunks:
         if chunk.null_count:
             return None
-        offsets = chunk.offsets.to_numpy()
+        offsets = _numpy(chunk.offsets)
         values = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
         if values.null_count:
             return None
-        out.append((offsets, values.to_numpy()))
+        out.append((offsets, _numpy(values)))
     return out
 
 
