@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer.jit import kernel
+from packer.jit import helper, kernel
 
 # columns of the `groups` table
 G_FIRST, G_ROWS, G_ITEMS, G_CAP, G_NEXT = 0, 1, 2, 3, 4
@@ -59,7 +59,7 @@ def first_bad_length(lengths, max_len):  # pragma: no cover - compiled
 # Presence tree over capacities 0..L (a bit per capacity that has at least one group)
 
 
-@kernel
+@helper
 def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
     node = leaf + size
     tree[node] = present
@@ -72,7 +72,7 @@ def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
         node >>= 1
 
 
-@kernel
+@helper
 def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     """Smallest present leaf >= `leaf`, or -1."""
     node = leaf + size
@@ -90,7 +90,7 @@ def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     return node - size
 
 
-@kernel
+@helper
 def _tree_last(tree, size):  # pragma: no cover - compiled
     """Largest present leaf, or -1."""
     if not tree[1]:
@@ -101,7 +101,7 @@ def _tree_last(tree, size):  # pragma: no cover - compiled
     return node - size
 
 
-@kernel
+@helper
 def _tree_last_below(tree, size, leaf):  # pragma: no cover - compiled
     """Largest present leaf < `leaf`, or -1."""
     if leaf <= 0:
@@ -123,7 +123,7 @@ def _tree_last_below(tree, size, leaf):  # pragma: no cover - compiled
 # Groups of rows in buckets by remaining capacity (a stack of groups per capacity)
 
 
-@kernel
+@helper
 def _bucket_push(groups, head, tree, size, g):  # pragma: no cover - compiled
     cap = groups[g, G_CAP]
     if cap == 0:
@@ -134,7 +134,7 @@ def _bucket_push(groups, head, tree, size, g):  # pragma: no cover - compiled
     head[cap] = g
 
 
-@kernel
+@helper
 def _bucket_pop(groups, head, tree, size, cap):  # pragma: no cover - compiled
     g = head[cap]
     head[cap] = groups[g, G_NEXT]
@@ -143,7 +143,7 @@ def _bucket_pop(groups, head, tree, size, cap):  # pragma: no cover - compiled
     return g
 
 
-@kernel
+@helper
 def _new_group(
     groups, g, events, e, head, tree, size, first, nrows, took, before, cap
 ):  # pragma: no cover - compiled
@@ -156,7 +156,7 @@ def _new_group(
     _bucket_push(groups, head, tree, size, g)
 
 
-@kernel
+@helper
 def _set_group(groups, g, first, nrows, items, cap):  # pragma: no cover - compiled
     groups[g, G_FIRST] = first
     groups[g, G_ROWS] = nrows
@@ -164,7 +164,7 @@ def _set_group(groups, g, first, nrows, items, cap):  # pragma: no cover - compi
     groups[g, G_CAP] = cap
 
 
-@kernel
+@helper
 def _event(events, e, first, nrows, per_row, offset):  # pragma: no cover - compiled
     events[e, E_FIRST] = first
     events[e, E_ROWS] = nrows
@@ -172,7 +172,7 @@ def _event(events, e, first, nrows, per_row, offset):  # pragma: no cover - comp
     events[e, E_OFFSET] = offset
 
 
-@kernel
+@helper
 def _open_rows(
     groups, g, events, e, head, tree, size, row, c, s, max_len
 ):  # pragma: no cover - compiled
@@ -395,7 +395,7 @@ def worst_fit_groups(counts: np.ndarray, max_len: int):
 # Max trees over row ids (first fit): leaf r holds the capacity of the row or group starting at r
 
 
-@kernel
+@helper
 def _max_tree_set(tree, size, leaf, value):  # pragma: no cover - compiled
     node = leaf + size
     tree[node] = value
@@ -408,7 +408,7 @@ def _max_tree_set(tree, size, leaf, value):  # pragma: no cover - compiled
         node >>= 1
 
 
-@kernel
+@helper
 def _max_tree_leftmost(tree, size, need):  # pragma: no cover - compiled
     """Leftmost leaf with value >= need, or -1."""
     if tree[1] < need:
@@ -419,7 +419,7 @@ def _max_tree_leftmost(tree, size, need):  # pragma: no cover - compiled
     return node - size
 
 
-@kernel
+@helper
 def _max_tree_grow(tree, size):  # pragma: no cover - compiled
     """Twice as many leaves, same values."""
     bigger = np.zeros(4 * size, tree.dtype)
