@@ -103,8 +103,10 @@ def warm_verify() -> None:
 
     with tempfile.TemporaryDirectory(prefix="packer-warmup-") as tmp:
         data = Path(tmp) / "warmup.jsonl"
-        rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8, 9]}]
-        rows[1]["labels"] = [8, 9]
+        rows = [
+            {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]},
+            {"input_ids": [8, 9], "labels": [8, 9]},
+        ]
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
         out = Path(tmp) / "out"
         pack([data], out, PackConfig(max_len=4, overlength="split"), workers=1)
@@ -161,7 +163,7 @@ class Warming:
                 return
             try:
                 step()
-            except Exception:  # noqa: BLE001 - the run's own call meets and reports the same error
+            except Exception:  # the run's own call meets the same error and reports it
                 return
 
     def stop(self) -> None:
