@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+	$(BIN)/packer warmup
 
 demo: setup
 	$(BIN)/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite

@@ -11,13 +11,16 @@ into the CSR plan: that pass and the length histogram are the only work per samp
 
 Kernels are small numba functions over flat arrays, cached on disk so the CLI does not recompile
 them at every start, `nogil` so windows can be planned on several threads, and each is tested
-against a plain-Python reference (tests/test_algorithms.py).
+against a plain-Python reference (tests/test_algorithms.py). The kernels of `pack`'s path
+allocate nothing: their Python wrappers here pass the arrays in (numba compiles its allocation
+code once per process and form, about a second in all on a first run; see `packer.jit`).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from packer.jit import helper, kernel
 
 # columns of the `groups` table
 G_FIRST, G_ROWS, G_ITEMS, G_CAP, G_NEXT = 0, 1, 2, 3, 4
@@ -25,19 +28,25 @@ G_FIRST, G_ROWS, G_ITEMS, G_CAP, G_NEXT = 0, 1, 2, 3, 4
 E_FIRST, E_ROWS, E_PER_ROW, E_OFFSET = 0, 1, 2, 3
 
 
-@njit(cache=True, nogil=True)
-def length_histogram(lengths, max_len):  # pragma: no cover - compiled
-    """(counts[0..L], index of the first length outside 1..L or -1): validation for free."""
-    counts = np.zeros(max_len + 1, np.int64)
+@kernel
+def _histogram(lengths, counts):  # pragma: no cover - compiled
+    """Count lengths into counts[0..L]; the index of the first length outside 1..L, or -1."""
+    max_len = counts.size - 1
     for i in range(lengths.size):
         v = lengths[i]
         if v < 1 or v > max_len:
-            return counts, i
+            return i
         counts[v] += 1
-    return counts, -1
+    return -1
 
 
-@njit(cache=True, nogil=True)
+def length_histogram(lengths: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:
+    """(counts[0..L], index of the first length outside 1..L or -1): validation for free."""
+    counts = np.zeros(int(max_len) + 1, np.int64)
+    return counts, int(_histogram(lengths, counts))
+
+
+@kernel
 def first_bad_length(lengths, max_len):  # pragma: no cover - compiled
     """Index of the first length outside 1..L, or -1."""
     for i in range(lengths.size):
@@ -50,7 +59,7 @@ def first_bad_length(lengths, max_len):  # pragma: no cover - compiled
 # Presence tree over capacities 0..L (a bit per capacity that has at least one group)
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
     node = leaf + size
     tree[node] = present
@@ -63,7 +72,7 @@ def _tree_set(tree, size, leaf, present):  # pragma: no cover - compiled
         node >>= 1
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     """Smallest present leaf >= `leaf`, or -1."""
     node = leaf + size
@@ -81,7 +90,7 @@ def _tree_first_at_least(tree, size, leaf):  # pragma: no cover - compiled
     return node - size
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _tree_last(tree, size):  # pragma: no cover - compiled
     """Largest present leaf, or -1."""
     if not tree[1]:
@@ -92,7 +101,7 @@ def _tree_last(tree, size):  # pragma: no cover - compiled
     return node - size
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _tree_last_below(tree, size, leaf):  # pragma: no cover - compiled
     """Largest present leaf < `leaf`, or -1."""
     if leaf <= 0:
@@ -111,28 +120,10 @@ def _tree_last_below(tree, size, leaf):  # pragma: no cover - compiled
 
 
 # --------------------------------------------------------------------------------------------
-# Growable tables and capacity buckets (a stack of groups per remaining capacity)
+# Groups of rows in buckets by remaining capacity (a stack of groups per capacity)
 
 
-@njit(cache=True, nogil=True)
-def _push_row(table, n, a, b, c, d, e):  # pragma: no cover - compiled
-    """Append a row to a growable int64 table; returns the (possibly reallocated) table."""
-    if n == table.shape[0]:
-        bigger = np.empty((2 * n, table.shape[1]), np.int64)
-        for i in range(n):  # a loop, not a slice copy: its shape checks cost seconds to compile
-            for j in range(table.shape[1]):
-                bigger[i, j] = table[i, j]
-        table = bigger
-    table[n, 0] = a
-    table[n, 1] = b
-    table[n, 2] = c
-    table[n, 3] = d
-    if table.shape[1] > 4:
-        table[n, 4] = e
-    return table
-
-
-@njit(cache=True, nogil=True)
+@helper
 def _bucket_push(groups, head, tree, size, g):  # pragma: no cover - compiled
     cap = groups[g, G_CAP]
     if cap == 0:
@@ -143,7 +134,7 @@ def _bucket_push(groups, head, tree, size, g):  # pragma: no cover - compiled
     head[cap] = g
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _bucket_pop(groups, head, tree, size, cap):  # pragma: no cover - compiled
     g = head[cap]
     head[cap] = groups[g, G_NEXT]
@@ -152,74 +143,118 @@ def _bucket_pop(groups, head, tree, size, cap):  # pragma: no cover - compiled
     return g
 
 
-@njit(cache=True, nogil=True)
-def _tree_size(max_len):  # pragma: no cover - compiled
+@helper
+def _new_group(
+    groups, g, events, e, head, tree, size, first, nrows, took, before, cap
+):  # pragma: no cover - compiled
+    """Group g: nrows rows from `first`, which held `before` samples, take `took` more.
+
+    Its capacity becomes `cap`; event e records the placement for the order pass.
+    """
+    _set_group(groups, g, first, nrows, before + took, cap)
+    _event(events, e, first, nrows, took, before)
+    _bucket_push(groups, head, tree, size, g)
+
+
+@helper
+def _set_group(groups, g, first, nrows, items, cap):  # pragma: no cover - compiled
+    groups[g, G_FIRST] = first
+    groups[g, G_ROWS] = nrows
+    groups[g, G_ITEMS] = items
+    groups[g, G_CAP] = cap
+
+
+@helper
+def _event(events, e, first, nrows, per_row, offset):  # pragma: no cover - compiled
+    events[e, E_FIRST] = first
+    events[e, E_ROWS] = nrows
+    events[e, E_PER_ROW] = per_row
+    events[e, E_OFFSET] = offset
+
+
+@helper
+def _open_rows(
+    groups, g, events, e, head, tree, size, row, c, s, max_len
+):  # pragma: no cover - compiled
+    """Nothing open fits length s: c samples fill new rows from `row` on, L // s each, the last
+    the rest. Returns how many groups (and events) were added: 1 or 2."""
+    k = max_len // s
+    q, r = c // k, c % k
+    added = 0
+    if q:
+        _new_group(groups, g, events, e, head, tree, size, row, q, k, 0, max_len - k * s)
+        added += 1
+    if r:
+        _new_group(
+            groups,
+            g + added,
+            events,
+            e + added,
+            head,
+            tree,
+            size,
+            row + q,
+            1,
+            r,
+            0,
+            max_len - r * s,
+        )
+        added += 1
+    return added
+
+
+def _tables(counts: np.ndarray, max_len: int, events_size: int):
+    """Empty state of a decreasing pass: groups, events, ev_start, ev_end, and for the bucketed
+    strategies a presence tree over capacities 0..L and the bucket heads.
+
+    Every length opens or splits at most two groups, so `groups` never fills up; `events` may
+    (a kernel then returns -1 and `_decreasing` retries with a table twice as tall).
+    """
+    distinct = int(np.count_nonzero(counts))
     size = 1
     while size < max_len + 1:
         size *= 2
-    return size
+    return (
+        np.empty((2 * distinct + 2, 5), np.int64),
+        np.empty((events_size, 4), np.int64),
+        np.zeros(max_len + 1, np.int64),
+        np.zeros(max_len + 1, np.int64),
+        np.zeros(2 * size, np.int64),
+        np.full(max_len + 1, -1, np.int64),
+    )
 
 
-@njit(cache=True, nogil=True)
-def _bucket_tables(max_len):  # pragma: no cover - compiled
-    """Empty state of a bucketed decreasing pass: presence tree, bucket heads, groups, events."""
-    size = _tree_size(max_len)
-    tree = np.zeros(2 * size, np.uint8)
-    head = np.full(max_len + 1, -1, np.int64)
-    groups = np.empty((64, 5), np.int64)
-    events = np.empty((64, 4), np.int64)
-    ev_start = np.zeros(max_len + 1, np.int64)
-    ev_end = np.zeros(max_len + 1, np.int64)
-    return size, tree, head, groups, events, ev_start, ev_end
-
-
-@njit(cache=True, nogil=True)
-def _new_group(
-    groups, events, ng, ne, head, tree, size, first, nrows, took, before, cap
-):  # pragma: no cover - compiled
-    """A new group: nrows rows from `first`, which held `before` samples, take `took` more.
-
-    Its capacity becomes `cap`; the event records the placement for the order pass.
-    """
-    groups = _push_row(groups, ng, first, nrows, before + took, cap, -1)
-    events = _push_row(events, ne, first, nrows, took, before, 0)
-    _bucket_push(groups, head, tree, size, ng)
-    return groups, events, ng + 1, ne + 1
-
-
-@njit(cache=True, nogil=True)
-def _open_rows(
-    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len
-):  # pragma: no cover - compiled
-    """Nothing open fits length s: c samples fill new rows of L // s each, the last the rest."""
-    k = max_len // s
-    q, r = c // k, c % k
-    if q:
-        groups, events, ng, ne = _new_group(
-            groups, events, ng, ne, head, tree, size, num_rows, q, k, 0, max_len - k * s
-        )
-        num_rows += q
-    if r:
-        groups, events, ng, ne = _new_group(
-            groups, events, ng, ne, head, tree, size, num_rows, 1, r, 0, max_len - r * s
-        )
-        num_rows += 1
-    return groups, events, ng, ne, num_rows
+def _decreasing(
+    fill, counts: np.ndarray, max_len: int, bucketed: bool = True, events_size: int | None = None
+):
+    """Run a decreasing kernel; (groups, n_groups, events, ev_start, ev_end, num_rows)."""
+    counts = np.ascontiguousarray(counts, np.int64)
+    max_len = int(max_len)
+    if events_size is None:  # events are 2 to 3.5 x the distinct lengths in practice
+        events_size = 4 * int(np.count_nonzero(counts)) + 16
+    while True:
+        groups, events, ev_start, ev_end, tree, head = _tables(counts, max_len, events_size)
+        tables = (groups, events, ev_start, ev_end) + ((tree, head) if bucketed else ())
+        ng, ne, num_rows = fill(counts, max_len, *tables)
+        if ne >= 0:
+            return groups, int(ng), events, ev_start, ev_end, int(num_rows)
+        events_size *= 2
 
 
 # --------------------------------------------------------------------------------------------
 # Decreasing strategies on groups of rows
 
 
-@njit(cache=True, nogil=True)
-def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
+@kernel
+def _best_fit(counts, max_len, groups, events, ev_start, ev_end, tree, head):  # pragma: no cover
     """Best-fit decreasing: each sample goes to the fullest row that still fits it.
 
     A row with capacity `cap` that takes a sample of length s keeps being the best fit while it
     has room for another s (nothing lies between s and cap), so it takes cap // s of them; a
-    whole group does the same. Returns (groups, n_groups, events, ev_start, ev_end, num_rows).
+    whole group does the same. Returns (groups, events, rows), or events -1 when the events
+    table is full.
     """
-    size, tree, head, groups, events, ev_start, ev_end = _bucket_tables(max_len)
+    size = tree.size // 2
     ng = 0
     ne = 0
     num_rows = 0
@@ -227,17 +262,22 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
         c = counts[s]
         ev_start[s] = ne
         while c > 0:
+            if ne + 2 > events.shape[0]:
+                return ng, -1, num_rows
             cap = _tree_first_at_least(tree, size, s)
             if cap < 0:  # nothing fits: open rows holding L // s each
-                groups, events, ng, ne, num_rows = _open_rows(
-                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len
+                added = _open_rows(
+                    groups, ng, events, ne, head, tree, size, num_rows, c, s, max_len
                 )
+                ng += added
+                ne += added
+                num_rows += -(-c // (max_len // s))
                 break
             k = cap // s
             g = _bucket_pop(groups, head, tree, size, cap)
             first, nrows, items = groups[g, G_FIRST], groups[g, G_ROWS], groups[g, G_ITEMS]
             if nrows * k <= c:  # the whole group takes k each and drops below s
-                events = _push_row(events, ne, first, nrows, k, items, 0)
+                _event(events, ne, first, nrows, k, items)
                 ne += 1
                 groups[g, G_ITEMS] = items + k
                 groups[g, G_CAP] = cap - k * s
@@ -246,13 +286,17 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 continue
             q, r = c // k, c % k  # the run ends inside this group: split it
             if q:
-                groups, events, ng, ne = _new_group(
-                    groups, events, ng, ne, head, tree, size, first, q, k, items, cap - k * s
+                _new_group(
+                    groups, ng, events, ne, head, tree, size, first, q, k, items, cap - k * s
                 )
+                ng += 1
+                ne += 1
             if r:
-                groups, events, ng, ne = _new_group(
-                    groups, events, ng, ne, head, tree, size, first + q, 1, r, items, cap - r * s
+                _new_group(
+                    groups, ng, events, ne, head, tree, size, first + q, 1, r, items, cap - r * s
                 )
+                ng += 1
+                ne += 1
             used = q + (1 if r else 0)
             groups[g, G_FIRST] = first + used
             groups[g, G_ROWS] = nrows - used
@@ -260,18 +304,26 @@ def best_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 _bucket_push(groups, head, tree, size, g)
             c = 0
         ev_end[s] = ne
-    return groups, ng, events, ev_start, ev_end, num_rows
+    return ng, ne, num_rows
 
 
-@njit(cache=True, nogil=True)
-def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
+def best_fit_groups(counts: np.ndarray, max_len: int):
+    """Best-fit decreasing on the length histogram (see `_best_fit`).
+
+    Returns (groups, n_groups, events, ev_start, ev_end, num_rows).
+    """
+    return _decreasing(_best_fit, counts, max_len)
+
+
+@kernel
+def _worst_fit(counts, max_len, groups, events, ev_start, ev_end, tree, head):  # pragma: no cover
     """Shortest-pack-first (Graphcore's SPFHP rule): each sample goes to the emptiest row.
 
     Rows of the emptiest group take samples round-robin for as long as they stay at least as
     empty as the next group and still fit s; new rows are filled with L // s samples each (the
-    one-at-a-time rule would do the same). Same return value as `best_fit_groups`.
+    one-at-a-time rule would do the same). Same return value as `_best_fit`.
     """
-    size, tree, head, groups, events, ev_start, ev_end = _bucket_tables(max_len)
+    size = tree.size // 2
     ng = 0
     ne = 0
     num_rows = 0
@@ -279,11 +331,16 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
         c = counts[s]
         ev_start[s] = ne
         while c > 0:
+            if ne + 2 > events.shape[0]:
+                return ng, -1, num_rows
             cap = _tree_last(tree, size)
             if cap < s:  # nothing fits: open rows holding L // s each
-                groups, events, ng, ne, num_rows = _open_rows(
-                    groups, events, ng, ne, head, tree, size, num_rows, c, s, max_len
+                added = _open_rows(
+                    groups, ng, events, ne, head, tree, size, num_rows, c, s, max_len
                 )
+                ng += added
+                ne += added
+                num_rows += -(-c // (max_len // s))
                 break
             g = _bucket_pop(groups, head, tree, size, cap)
             # the next emptiest group: `g` takes rounds while it stays at least as empty
@@ -291,7 +348,7 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
             rounds = (cap - max(rival, s)) // s + 1
             first, nrows, items = groups[g, G_FIRST], groups[g, G_ROWS], groups[g, G_ITEMS]
             if nrows * rounds <= c:
-                events = _push_row(events, ne, first, nrows, rounds, items, 0)
+                _event(events, ne, first, nrows, rounds, items)
                 ne += 1
                 groups[g, G_ITEMS] = items + rounds
                 groups[g, G_CAP] = cap - rounds * s
@@ -300,10 +357,10 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
                 continue
             q, r = c // nrows, c % nrows  # q full rounds, then r rows get one more
             if r:
-                groups, events, ng, ne = _new_group(
+                _new_group(
                     groups,
-                    events,
                     ng,
+                    events,
                     ne,
                     head,
                     tree,
@@ -314,24 +371,31 @@ def worst_fit_groups(counts, max_len):  # pragma: no cover - compiled
                     items,
                     cap - (q + 1) * s,
                 )
+                ng += 1
+                ne += 1
             groups[g, G_FIRST] = first + r
             groups[g, G_ROWS] = nrows - r
             if q:
-                events = _push_row(events, ne, first + r, nrows - r, q, items, 0)
+                _event(events, ne, first + r, nrows - r, q, items)
                 ne += 1
                 groups[g, G_ITEMS] = items + q
                 groups[g, G_CAP] = cap - q * s
             _bucket_push(groups, head, tree, size, g)
             c = 0
         ev_end[s] = ne
-    return groups, ng, events, ev_start, ev_end, num_rows
+    return ng, ne, num_rows
+
+
+def worst_fit_groups(counts: np.ndarray, max_len: int):
+    """Shortest-pack-first on the length histogram (see `_worst_fit`); as `best_fit_groups`."""
+    return _decreasing(_worst_fit, counts, max_len)
 
 
 # --------------------------------------------------------------------------------------------
 # Max trees over row ids (first fit): leaf r holds the capacity of the row or group starting at r
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _max_tree_set(tree, size, leaf, value):  # pragma: no cover - compiled
     node = leaf + size
     tree[node] = value
@@ -344,7 +408,7 @@ def _max_tree_set(tree, size, leaf, value):  # pragma: no cover - compiled
         node >>= 1
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _max_tree_leftmost(tree, size, need):  # pragma: no cover - compiled
     """Leftmost leaf with value >= need, or -1."""
     if tree[1] < need:
@@ -355,31 +419,30 @@ def _max_tree_leftmost(tree, size, need):  # pragma: no cover - compiled
     return node - size
 
 
-@njit(cache=True, nogil=True)
+@helper
 def _max_tree_grow(tree, size):  # pragma: no cover - compiled
     """Twice as many leaves, same values."""
     bigger = np.zeros(4 * size, tree.dtype)
-    bigger[2 * size : 3 * size] = tree[size : 2 * size]
+    for leaf in range(size):  # a loop, not a slice copy (see `packer.jit`)
+        bigger[2 * size + leaf] = tree[size + leaf]
     for node in range(2 * size - 1, 0, -1):
         bigger[node] = max(bigger[2 * node], bigger[2 * node + 1])
     return bigger, 2 * size
 
 
-@njit(cache=True, nogil=True)
-def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
+@kernel
+def _first_fit(counts, max_len, groups, events, ev_start, ev_end):  # pragma: no cover - compiled
     """First-fit decreasing: each sample goes to the lowest-numbered row that fits it.
 
     A max tree over row ids finds the first group that fits in O(log rows); a group takes
     cap // s per row, in row order, exactly as one-sample-at-a-time first fit would.
-    Same return value as `best_fit_groups`.
+    Same return value as `_best_fit`.
     """
     size = 1024
     tree = np.zeros(2 * size, np.int32)  # free space fits: L <= 2^30
-    group_at = np.full(size, -1, np.int64)
-    groups = np.empty((64, 5), np.int64)
-    events = np.empty((64, 4), np.int64)
-    ev_start = np.zeros(max_len + 1, np.int64)
-    ev_end = np.zeros(max_len + 1, np.int64)
+    group_at = np.empty(size, np.int64)
+    for leaf in range(size):
+        group_at[leaf] = -1
     ng = 0
     ne = 0
     num_rows = 0
@@ -387,38 +450,34 @@ def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
         c = counts[s]
         ev_start[s] = ne
         while c > 0:
+            if ne + 2 > events.shape[0]:
+                return ng, -1, num_rows
             leaf = _max_tree_leftmost(tree, size, s)
             if leaf < 0:
                 k = max_len // s
                 q, r = c // k, c % k
                 while num_rows + q + 1 > size:  # leaves for both new groups
                     tree, size = _max_tree_grow(tree, size)
-                    more = np.full(size, -1, np.int64)
-                    more[: group_at.size] = group_at
+                    more = np.empty(size, np.int64)
+                    for leaf in range(size):
+                        more[leaf] = group_at[leaf] if leaf < group_at.size else -1
                     group_at = more
-                if q:
-                    groups = _push_row(groups, ng, num_rows, q, k, max_len - k * s, -1)
-                    events = _push_row(events, ne, num_rows, q, k, 0, 0)
-                    group_at[num_rows] = ng
-                    _max_tree_set(tree, size, num_rows, max_len - k * s)
-                    ng += 1
-                    ne += 1
-                    num_rows += q
-                if r:
-                    groups = _push_row(groups, ng, num_rows, 1, r, max_len - r * s, -1)
-                    events = _push_row(events, ne, num_rows, 1, r, 0, 0)
-                    group_at[num_rows] = ng
-                    _max_tree_set(tree, size, num_rows, max_len - r * s)
-                    ng += 1
-                    ne += 1
-                    num_rows += 1
+                for nr, took in ((q, k), (1 if r else 0, r)):
+                    if nr:
+                        _set_group(groups, ng, num_rows, nr, took, max_len - took * s)
+                        _event(events, ne, num_rows, nr, took, 0)
+                        group_at[num_rows] = ng
+                        _max_tree_set(tree, size, num_rows, max_len - took * s)
+                        ng += 1
+                        ne += 1
+                        num_rows += nr
                 break
             g = group_at[leaf]
             cap = groups[g, G_CAP]
             k = cap // s
             first, nrows, items = groups[g, G_FIRST], groups[g, G_ROWS], groups[g, G_ITEMS]
             if nrows * k <= c:
-                events = _push_row(events, ne, first, nrows, k, items, 0)
+                _event(events, ne, first, nrows, k, items)
                 ne += 1
                 groups[g, G_ITEMS] = items + k
                 groups[g, G_CAP] = cap - k * s
@@ -428,61 +487,55 @@ def first_fit_groups(counts, max_len):  # pragma: no cover - compiled
             q, r = c // k, c % k  # the run ends inside this group: split it in row order
             used = q + (1 if r else 0)
             if q:  # `g` keeps its first q rows, which take k each
-                events = _push_row(events, ne, first, q, k, items, 0)
+                _event(events, ne, first, q, k, items)
                 ne += 1
-                groups[g, G_ROWS] = q
-                groups[g, G_ITEMS] = items + k
-                groups[g, G_CAP] = cap - k * s
+                _set_group(groups, g, first, q, items + k, cap - k * s)
                 _max_tree_set(tree, size, first, cap - k * s)
             if r:  # the next row takes the last r
                 if q:
-                    groups = _push_row(groups, ng, first + q, 1, items + r, cap - r * s, -1)
+                    _set_group(groups, ng, first + q, 1, items + r, cap - r * s)
                     group_at[first + q] = ng
                     ng += 1
                 else:
-                    groups[g, G_ROWS] = 1
-                    groups[g, G_ITEMS] = items + r
-                    groups[g, G_CAP] = cap - r * s
-                events = _push_row(events, ne, first + q, 1, r, items, 0)
+                    _set_group(groups, g, first, 1, items + r, cap - r * s)
+                _event(events, ne, first + q, 1, r, items)
                 ne += 1
                 _max_tree_set(tree, size, first + q, cap - r * s)
             if nrows > used:  # the other rows keep their capacity, as a new group
-                groups = _push_row(groups, ng, first + used, nrows - used, items, cap, -1)
+                _set_group(groups, ng, first + used, nrows - used, items, cap)
                 group_at[first + used] = ng
                 _max_tree_set(tree, size, first + used, cap)
                 ng += 1
             c = 0
         ev_end[s] = ne
-    return groups, ng, events, ev_start, ev_end, num_rows
+    return ng, ne, num_rows
+
+
+def first_fit_groups(counts: np.ndarray, max_len: int):
+    """First-fit decreasing on the length histogram (see `_first_fit`); as `best_fit_groups`."""
+    return _decreasing(_first_fit, counts, max_len, bucketed=False)
 
 
 # --------------------------------------------------------------------------------------------
 # From groups and events to a CSR plan
 
 
-@njit(cache=True, nogil=True)
-def row_starts_from_groups(groups, n_groups, num_rows):  # pragma: no cover - compiled
-    """Offsets of each row in `order`: every row of a group holds the group's item count."""
-    row_starts = np.empty(num_rows + 1, np.int64)
-    row_starts[0] = 0
-    for g in range(n_groups):
-        first = groups[g, G_FIRST]
-        items = groups[g, G_ITEMS]
-        for r in range(first, first + groups[g, G_ROWS]):
-            row_starts[r + 1] = items
-    for r in range(num_rows):
-        row_starts[r + 1] += row_starts[r]
+def row_starts_from_groups(groups: np.ndarray, n_groups: int, num_rows: int) -> np.ndarray:
+    """Offsets of each row in `order`: every row of a group holds the group's item count.
+
+    The groups cover rows 0..num_rows-1 once each; O(groups + rows), so plain numpy.
+    """
+    g = groups[:n_groups]
+    g = g[np.argsort(g[:, G_FIRST], kind="stable")]
+    row_starts = np.zeros(int(num_rows) + 1, np.int64)
+    np.cumsum(np.repeat(g[:, G_ITEMS], g[:, G_ROWS]), out=row_starts[1:])
     return row_starts
 
 
-@njit(cache=True, nogil=True)
-def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len):  # pragma: no cover
-    """The plan's `order` in one pass over the samples.
-
-    The samples of each length, in index order, fill that length's events in turn. A cursor per
-    length (next slot, slots left in this row, event, row) makes this a counting-sort scatter.
-    """
-    state = np.zeros((max_len + 1, 4), np.int64)  # pos, left, event, row
+@kernel
+def _scatter(lengths, events, ev_start, ev_end, row_starts, state, order):  # pragma: no cover
+    """Fill `order` in one pass over the samples (see `scatter_events`); state: (L + 1, 4) zeros."""
+    max_len = state.shape[0] - 1
     for s in range(1, max_len + 1):
         e = ev_start[s]
         if e < ev_end[s]:
@@ -491,7 +544,6 @@ def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len):  # p
             state[s, 1] = events[e, E_PER_ROW]
             state[s, 2] = e
             state[s, 3] = row
-    order = np.empty(lengths.size, np.int64)
     for i in range(lengths.size):
         s = lengths[i]
         order[state[s, 0]] = i
@@ -511,6 +563,17 @@ def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len):  # p
         state[s, 3] = row
         state[s, 0] = row_starts[row] + events[e, E_OFFSET]
         state[s, 1] = events[e, E_PER_ROW]
+
+
+def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len: int) -> np.ndarray:
+    """The plan's `order` in one pass over the samples.
+
+    The samples of each length, in index order, fill that length's events in turn. A cursor per
+    length (next slot, slots left in this row, event, row) makes this a counting-sort scatter.
+    """
+    order = np.empty(lengths.size, np.int64)
+    state = np.zeros((int(max_len) + 1, 4), np.int64)  # pos, left, event, row
+    _scatter(lengths, events, ev_start, ev_end, row_starts, state, order)
     return order
 
 
@@ -518,7 +581,7 @@ def scatter_events(lengths, events, ev_start, ev_end, row_starts, max_len):  # p
 # Order-driven strategies
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def next_fit(lengths, max_len):  # pragma: no cover - compiled
     """Row starts of next fit in input order: one pass, order preserved, streamable."""
     n = lengths.size
@@ -540,7 +603,7 @@ def next_fit(lengths, max_len):  # pragma: no cover - compiled
     return row_starts[: rows + 1].copy()
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def first_fit_in_order(lengths, visit, max_len):  # pragma: no cover - compiled
     """Row of each sample under first fit, visiting samples in the order `visit`.
 
@@ -567,7 +630,7 @@ def first_fit_in_order(lengths, visit, max_len):  # pragma: no cover - compiled
     return bin_of, num_rows
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def plan_from_bins(bin_of, num_rows):  # pragma: no cover - compiled
     """CSR plan from a row number per sample; samples keep their index order within a row."""
     row_starts = np.zeros(num_rows + 1, np.int64)

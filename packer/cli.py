@@ -280,6 +280,7 @@ from packer import (  # noqa: E402  (commands register themselves on `app`)
     cli_inspect,  # noqa: E402,F401  (registers `packer inspect`)
     cli_plan,  # noqa: E402,F401  (registers `packer plan`)
     cli_verify,  # noqa: E402,F401  (registers `packer verify`)
+    cli_warmup,  # noqa: E402,F401  (registers `packer warmup`)
 )
 
 

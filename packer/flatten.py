@@ -1,10 +1,12 @@
 """Validate and flatten list<int> columns in one pass: copy to int32 while checking the ids.
 
 The readers' whole-array checks build several boolean temporaries the size of the data; on
-valid data (the common case) one compiled pass per Arrow chunk does the range check and the
-copy into a preallocated int32 array together, on several threads (the kernel releases the GIL).
-Any irregularity (nulls, empty samples, bad ids, label lengths) returns None, and the caller
-falls back to the detailed per-row validation, which names every problem.
+valid data (the common case) each Arrow chunk is range-checked and copied into a preallocated
+int32 array in pieces of `_CHUNK` values, on several threads (numpy releases the GIL). The
+checks are numpy reductions (min, max), not a compiled kernel: they are as fast, and reading
+then never waits for a JIT compilation. Any irregularity (nulls, empty samples, bad ids, label
+lengths) returns None, and the caller falls back to the detailed per-row validation, which
+names every problem.
 """
 
 from __future__ import annotations
@@ -13,36 +15,52 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
-from numba import njit
 
 from packer import workers
 from packer.samples import IGNORE_INDEX, INT32_MAX
 
 
-@njit(cache=True, nogil=True)
-def copy_checked(src, dst, base, allow_ignore):  # pragma: no cover - compiled
-    """Copy src into dst[base:]; return the first position whose id is out of range, or -1."""
-    bad = -1
-    for i in range(src.size):
-        v = src[i]
-        if (v < 0 or v > INT32_MAX) and not (allow_ignore and v == IGNORE_INDEX):
-            bad = i
-            break
-        dst[base + i] = v
-    return bad
+def ids_valid(src: np.ndarray, allow_ignore: bool) -> bool:
+    """Every id in 0..INT32_MAX (or IGNORE_INDEX, for labels, when allow_ignore)."""
+    if src.size == 0:
+        return True
+    low, high = src.min(), src.max()
+    if high > INT32_MAX:
+        return False
+    if low >= 0:
+        return True
+    if not allow_ignore or low < IGNORE_INDEX:
+        return False
+    # negative values occur: all of them must be IGNORE_INDEX
+    return int(np.count_nonzero(src < 0)) == int(np.count_nonzero(src == IGNORE_INDEX))
 
 
-@njit(cache=True, nogil=True)
-def first_bad(src, allow_ignore):  # pragma: no cover - compiled
-    """The first position of src whose id is out of range, or -1 (no copy)."""
-    for i in range(src.size):
-        v = src[i]
-        if (v < 0 or v > INT32_MAX) and not (allow_ignore and v == IGNORE_INDEX):
-            return i
-    return -1
+def copy_checked(src: np.ndarray, dst: np.ndarray, base: int, allow_ignore: bool) -> bool:
+    """Copy src into dst[base:] when every id is valid (see `ids_valid`); False otherwise."""
+    if not ids_valid(src, allow_ignore):
+        return False
+    dst[base : base + src.size] = src
+    return True
 
 
 _CHUNK = 1 << 22  # values per task, so one big Arrow chunk still spreads over the threads
+
+
+def _numpy(array: pa.Array) -> np.ndarray:
+    """Zero-copy numpy view of an Arrow array without nulls.
+
+    Integers are viewed through their data buffer: `Array.to_numpy` goes through Arrow's
+    pandas conversion, which imports pandas (half a second) the first time.
+    """
+    if not pa.types.is_integer(array.type):
+        return array.to_numpy()
+    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
+    dtype = np.dtype(f"{kind}{array.type.bit_width // 8}")
+    if len(array) == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(
+        array.buffers()[1], dtype, count=len(array), offset=array.offset * dtype.itemsize
+    )
 
 
 def _plain_chunks(column: pa.ChunkedArray):
@@ -51,11 +69,11 @@ def _plain_chunks(column: pa.ChunkedArray):
     for chunk in column.chunks:
         if chunk.null_count:
             return None
-        offsets = chunk.offsets.to_numpy()
+        offsets = _numpy(chunk.offsets)
         values = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
         if values.null_count:
             return None
-        out.append((offsets, values.to_numpy()))
+        out.append((offsets, _numpy(values)))
     return out
 
 
@@ -75,18 +93,18 @@ def _copy(chunks, total: int, allow_ignore: bool, pool: ThreadPoolExecutor) -> n
             part = values[a : a + _CHUNK]
             tasks.append(pool.submit(copy_checked, part, dst, base + a, allow_ignore))
         base += values.size
-    if any(f.result() >= 0 for f in tasks):
+    if not all(f.result() for f in tasks):
         return None
     return dst
 
 
 def _check(chunks, allow_ignore: bool, pool: ThreadPoolExecutor) -> bool:
     tasks = [
-        pool.submit(first_bad, values[a : a + _CHUNK], allow_ignore)
+        pool.submit(ids_valid, values[a : a + _CHUNK], allow_ignore)
         for _, values in chunks
         for a in range(0, values.size, _CHUNK)
     ]
-    return not any(f.result() >= 0 for f in tasks)
+    return all(f.result() for f in tasks)
 
 
 def _aligned(ids, labels) -> bool:

@@ -2,6 +2,11 @@
 
 The kernel writes into caller-owned buffers so a run can reuse them across record batches and
 shards: writing into fresh memory is several times slower than into warm memory.
+
+The token values stay where the reader left them, in many arrays (the input's Arrow chunks).
+The kernel receives them as one int64 array of their addresses (`Chunks.addresses`) rather than
+a numba `typed.List`: numba compiles the typed list's own helpers anew in every process (about
+0.5 s at each start, cached or not), and the addresses are one plain array.
 """
 
 from __future__ import annotations
@@ -9,27 +14,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit, typed
+from numba.core import types
+from numba.extending import intrinsic
 
+from packer.jit import kernel
 from packer.samples import IGNORE_INDEX
 
 
-@njit(cache=True)
-def shard_sizes(order, row_starts, seg_len, r0, r1, max_len, pad):  # pragma: no cover
+def shard_sizes(order, row_starts, seg_len, r0, r1, max_len, pad) -> tuple[int, int]:
     """(tokens, segments) that rows r0..r1 will hold, padding included."""
-    tokens = 0
-    segments = 0
-    for r in range(r0, r1):
-        row_tokens = 0
-        for k in range(row_starts[r], row_starts[r + 1]):
-            row_tokens += seg_len[order[k]]
-        segments += row_starts[r + 1] - row_starts[r]
-        if pad and row_tokens < max_len:
-            tokens += max_len
-            segments += 1
-        else:
-            tokens += row_tokens
-    return tokens, segments
+    lo, hi = int(row_starts[r0]), int(row_starts[r1])
+    segments = hi - lo
+    if not pad:
+        return int(seg_len[order[lo:hi]].sum()), segments
+    if r1 <= r0:
+        return 0, 0
+    lengths = seg_len[order[lo:hi]]
+    starts = np.asarray(row_starts[r0:r1], np.int64) - lo
+    row_tokens = np.add.reduceat(lengths, starts)  # rows are never empty
+    short = row_tokens < max_len
+    tokens = int(row_tokens[~short].sum()) + int(short.sum()) * int(max_len)
+    return tokens, segments + int(short.sum())
 
 
 @dataclass
@@ -63,10 +68,21 @@ class Buffers:
         )
 
 
-@njit(cache=True, nogil=True)
+@intrinsic
+def _int32_at(typingctx, address):  # pragma: no cover - compiled
+    """The int32 pointer at an integer address (the buffer stays alive in its `Chunks`)."""
+    sig = types.CPointer(types.int32)(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+
+    return sig, codegen
+
+
+@kernel
 def gather_rows(
-    token_chunks,
-    label_chunks,
+    token_addr,
+    label_addr,
     has_labels,
     seg_chunk,
     seg_local,
@@ -94,8 +110,8 @@ def gather_rows(
     """Fill the packed columns of rows r0..r1 (exclusive) and return (tokens, cu entries).
 
     The values stay where they are (the input's Arrow chunks, a cache file or one flat array):
-    segment `seg` reads `token_chunks[seg_chunk[seg]][seg_local[seg]:...]`; a sample never
-    spans two chunks.
+    segment `seg` reads chunk `seg_chunk[seg]` (at address `token_addr[seg_chunk[seg]]`) from
+    position `seg_local[seg]` on; a sample never spans two chunks.
     """
     t = 0
     c = 0
@@ -110,14 +126,14 @@ def gather_rows(
         c += 1
         for k in range(row_starts[r], row_starts[r + 1]):
             seg = order[k]
-            chunk = token_chunks[seg_chunk[seg]]
+            chunk = _int32_at(token_addr[seg_chunk[seg]])
             start = seg_local[seg]
             n = seg_len[seg]
             for j in range(n):
                 out_ids[t + j] = chunk[start + j]
                 out_pos[t + j] = j
             if has_labels:
-                lchunk = label_chunks[seg_chunk[seg]]
+                lchunk = _int32_at(label_addr[seg_chunk[seg]])
                 for j in range(n):
                     out_labels[t + j] = lchunk[start + j]
             else:
@@ -152,11 +168,21 @@ def gather_rows(
     return t, c
 
 
-def as_chunks(arrays) -> typed.List:
-    """The typed list of read-only int32 arrays that `gather_rows` reads from."""
-    chunks = typed.List()
+class Chunks(list):
+    """int32 arrays that the gather kernel reads, with their addresses (`addresses`).
+
+    A list of the arrays themselves, so they live as long as the addresses are used.
+    """
+
+    addresses: np.ndarray
+
+
+def as_chunks(arrays) -> Chunks:
+    """The chunks that `gather_rows` reads from: contiguous int32 arrays, left where they are."""
+    chunks = Chunks()
     for a in arrays:
-        view = a.view()
-        view.flags.writeable = False  # one array type for every chunk
-        chunks.append(view)
+        if a.dtype != np.int32 or a.ndim != 1 or not (a.flags.c_contiguous or a.size == 0):
+            raise TypeError(f"gather chunks must be contiguous int32 arrays, got {a.dtype}")
+        chunks.append(a)
+    chunks.addresses = np.array([a.ctypes.data for a in chunks], np.int64)
     return chunks

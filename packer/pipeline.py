@@ -26,6 +26,7 @@ from packer.cache import (
 )
 from packer.config import PackConfig
 from packer.errors import OutputError
+from packer.jit import start_warming
 from packer.overlength import Segments, resolve
 from packer.planning import Plan, lower_bound, plan
 from packer.progress import metering
@@ -245,6 +246,7 @@ def pack(
         columns = [cfg.input_column] + ([labels_column] if labels_column else [])
         out_of_core = needs_out_of_core(inputs, columns, budget)
     cache_dir = None
+    warming = start_warming(cfg.strategy)  # this run's kernels compile while reading (packer.jit)
     try:
         with metering(on_bytes):
             if out_of_core:
@@ -279,6 +281,7 @@ def pack(
         result.skipped_inputs = [str(p) for p in skipped]
         return result
     finally:
+        warming.stop()
         if cache_dir is not None:
             remove_cache_dir(cache_dir)
 

@@ -82,8 +82,8 @@ def gather_batch(
     """Fill `buf` with rows a..b; return (tokens, cu_seqlens entries)."""
     tokens, labels, seg_chunk, seg_local = _sources(samples, segs)
     return gather_rows(
-        tokens,
-        labels,
+        tokens.addresses,
+        labels.addresses,
         samples.has_labels,
         seg_chunk,
         seg_local,

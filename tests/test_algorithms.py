@@ -210,3 +210,25 @@ def test_bad_options_are_usage_errors():
         plan([1], 8, window=0)
     with pytest.raises(UsageError, match="--max-len"):
         plan([1], 0)
+
+
+@pytest.mark.parametrize(
+    "kernel, bucketed",
+    [
+        (algorithms._best_fit, True),
+        (algorithms._worst_fit, True),
+        (algorithms._first_fit, False),
+    ],
+)
+def test_a_full_events_table_is_regrown_and_rerun(kernel, bucketed):
+    rng = np.random.default_rng(3)
+    lengths = np.clip(rng.lognormal(np.log(40), 1.0, 5_000).round(), 1, 256).astype(np.int64)
+    counts, _ = algorithms.length_histogram(lengths, 256)
+    roomy = algorithms._decreasing(kernel, counts, 256, bucketed)
+    tight = algorithms._decreasing(kernel, counts, 256, bucketed, events_size=1)
+    n_events = int(roomy[4].max())
+    assert n_events > 2  # so the tight run had to regrow several times
+    assert roomy[1] == tight[1] and roomy[5] == tight[5]
+    assert np.array_equal(roomy[0][: roomy[1], :4], tight[0][: tight[1], :4])
+    assert np.array_equal(roomy[2][:n_events], tight[2][:n_events])
+    assert np.array_equal(roomy[3], tight[3]) and np.array_equal(roomy[4], tight[4])

@@ -1,0 +1,123 @@
+"""Start-up: `packer warmup` fills the JIT cache so that `pack` compiles nothing, a run on an
+empty cache still fails cleanly, and the numpy id checks that replaced a kernel on the read
+path agree with their plain-Python reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from conftest import make_samples, write_jsonl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.flatten import ids_valid
+from packer.gather import as_chunks
+from packer.samples import IGNORE_INDEX, INT32_MAX
+
+# Runs the CLI and prints, last, the kernels numba compiled during the run (not cache loads).
+COMPILES = """
+import sys
+from numba.core import event
+
+compiled = []
+
+
+class Listener(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", Listener())
+from packer.cli import run
+
+sys.argv = ["packer"] + sys.argv[1:]
+try:
+    run()
+finally:
+    print("compiled:", " ".join(compiled))
+"""
+
+
+def packer(args: list, cache: Path, script: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    head = ["-c", script] if script else ["-m", "packer"]
+    return subprocess.run(
+        [sys.executable, *head, *[str(a) for a in args]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_after_warmup_pack_compiles_nothing(tmp_path):
+    cache = tmp_path / "jit"
+    data = write_jsonl(tmp_path / "d.jsonl.gz", make_samples(300), compress="gzip")
+    warm = packer(["warmup"], cache)
+    assert warm.returncode == 0, warm.stderr
+    assert "packer.algorithms._best_fit" in warm.stderr
+    assert "packer.gather.gather_rows" in warm.stderr
+    assert any(cache.rglob("*.nbc"))
+
+    for extra in (
+        ["-L", 512, "--overlength", "truncate"],
+        ["-L", 64, "--strategy", "histogram", "--pad", "--overlength", "split"],
+    ):
+        run = packer(["pack", data, "-o", tmp_path / "out", "--overwrite", *extra], cache, COMPILES)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip().splitlines()[-1] == "compiled:"
+
+    again = packer(["warmup", "--json"], cache)
+    assert again.returncode == 0, again.stderr
+    assert '"compiled": []' in again.stdout
+
+
+def test_a_run_on_an_empty_cache_fails_with_one_error_line(tmp_path):
+    """The kernels compile in a background thread while the input is read; a bad input stops
+    the run with its usual message, and the thread does not outlive it."""
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"input_ids": [1, 2]}\n{"input_ids": [3, \n')
+    run = packer(["pack", data, "-L", 64, "-o", tmp_path / "out"], tmp_path / "jit")
+    assert run.returncode != 0
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), run.stderr
+    assert "Traceback" not in run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def ids_valid_reference(values: list[int], allow_ignore: bool) -> bool:
+    return all(0 <= v <= INT32_MAX or (allow_ignore and v == IGNORE_INDEX) for v in values)
+
+
+ids = st.one_of(
+    st.integers(0, 50),
+    st.sampled_from([IGNORE_INDEX, -1, -101, INT32_MAX, INT32_MAX + 1, -(2**40)]),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(ids, max_size=12), st.booleans())
+def test_ids_valid_matches_reference(values, allow_ignore):
+    src = np.array(values, np.int64)
+    assert ids_valid(src, allow_ignore) == ids_valid_reference(values, allow_ignore)
+
+
+def test_gather_chunks_are_int32_arrays_with_their_addresses():
+    a = np.arange(5, dtype=np.int32)
+    b = np.arange(3, dtype=np.int32)
+    chunks = as_chunks([a, b])
+    assert list(chunks.addresses) == [a.ctypes.data, b.ctypes.data]
+    assert chunks[0] is a and chunks[1] is b  # the arrays live as long as their addresses
+    for wrong in (np.arange(5, dtype=np.int64), np.arange(10, dtype=np.int32)[::2]):
+        try:
+            as_chunks([wrong])
+        except TypeError:
+            continue
+        raise AssertionError("a chunk the kernel cannot read was accepted")
