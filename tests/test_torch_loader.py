@@ -152,7 +152,8 @@ def test_collate_flatten(packed, name):
     assert batch["max_length_q"] == batch["max_length_k"] == int(cu_q.diff().max())
     _check_segments(ids[0], labels[0], pos[0], cu_q, total)
     assert batch["num_loss_tokens"] == int((labels != -100).sum())
-    assert set(model_inputs(batch)) == set(batch) - {"num_loss_tokens"}
+    assert set(model_inputs(batch)) == set(batch) - {"num_loss_tokens"} | {"use_cache"}
+    assert model_inputs(batch)["use_cache"] is False
     # transformers derives the same boundaries from position_ids on its own
     (fa_q, fa_k), (max_q, _) = prepare_fa_kwargs_from_position_ids(pos)
     assert torch.equal(fa_q, cu_q) and int(max_q) == batch["max_length_q"]

@@ -14,15 +14,19 @@ See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer, TRL).
 
 from packer.torch.collate import MODES, block_causal_mask, collate_packed, model_inputs
 from packer.torch.data import CONTRACT_COLUMNS, PackedDataset, load_hf_dataset
+from packer.torch.isolation import IsolationError, IsolationReport, check_isolation
 from packer.torch.loss import step_loss_tokens, sum_token_loss
 from packer.torch.sampler import PackedBatchSampler, plan_batches
 
 __all__ = [
     "CONTRACT_COLUMNS",
+    "IsolationError",
+    "IsolationReport",
     "MODES",
     "PackedBatchSampler",
     "PackedDataset",
     "block_causal_mask",
+    "check_isolation",
     "collate_packed",
     "load_hf_dataset",
     "model_inputs",
