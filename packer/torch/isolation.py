@@ -53,7 +53,9 @@ class IsolationReport:
     max_loss_diff: float = 0.0
     tolerance: float = 0.0
     dtype: str = ""
-    failures: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)  # one line per sample that differs
+    # where each failure is: batch row, sample number in that row, first and last token
+    failed_at: list[tuple[int, int, int, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -213,7 +215,8 @@ def check_isolation(
     labels = batch["labels"]
     with torch.no_grad(), _NoDropout(model):
         packed = _logits(forward(model, _to(batch, device)))
-        for j, (r, a, b) in enumerate(segments):
+        for i, (r, a, b) in enumerate(segments):
+            j = i - next(k for k, seg in enumerate(segments) if seg[0] == r)  # within its row
             alone_batch = _alone_batch(batch, r, a, b, mode, pad_id)
             alone = _logits(forward(model, _to(alone_batch, device)))[0, : b - a].float()
             got = packed[r, a:b].float()
@@ -229,6 +232,8 @@ def check_isolation(
             report.max_logits_diff = max(report.max_logits_diff, d_logits)
             report.max_loss_diff = max(report.max_loss_diff, d_loss)
             place = f"batch row {r}, sample {j} (tokens {a}..{b - 1})"
+            if n_packed != n_alone or d_logits > tol or d_loss > tol:
+                report.failed_at.append((r, j, a, b - 1))
             if n_packed != n_alone:
                 report.failures.append(
                     f"{place}: the packed batch trains {n_packed} targets of this sample, alone "
