@@ -12,6 +12,14 @@ Inside it, `import torch` is an absolute import and resolves to PyTorch, not to 
 See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer, TRL).
 """
 
+try:
+    import torch  # noqa: F401  (PyTorch: absolute import)
+except ImportError as exc:  # the core install: say which extra brings torch
+    raise ImportError(
+        "packer.torch needs torch, which the core install leaves out: "
+        "pip install 'packer[verify]' (or install torch first)"
+    ) from exc
+
 from packer.torch.collate import MODES, block_causal_mask, collate_packed, model_inputs
 from packer.torch.data import CONTRACT_COLUMNS, PackedDataset, load_hf_dataset
 from packer.torch.isolation import IsolationError, IsolationReport, check_isolation
