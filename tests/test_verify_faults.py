@@ -1,0 +1,374 @@
+"""Every failure path of verify (and the packing guarantees it leans on), planted and caught.
+
+Each test plants one fault in a copy of a real output (or in the code path, with a spy or a
+planted kernel) and sees it reported end to end through `packer verify` where the check is
+user-facing: the fp32 reference against a non-causal kernel, each manifest check, the labels
+against the source, the coverage codes (DUPLICATE, PIECE_GAP, FIRST_PIECE), and, on the packing
+side, the atomic exchange, truncation keeping the first L tokens, fsync of every shard, and
+--seed changing the rows of ff-shuffle."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import test_verify_cli
+from conftest import make_samples, read_shards, write_jsonl
+from test_verify_cli import (
+    MAX_LEN,
+    copy_output,
+    load_shard,
+    messages,
+    multi_sample_row,
+    run_verify,
+    save_shard,
+)
+
+import packer
+import packer.output as output_mod
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+packed = test_verify_cli.packed  # 80 samples, some split, L = 128, 8 rows per shard
+
+
+def manifest_of(out: Path) -> dict:
+    return json.loads((out / "manifest.json").read_text())
+
+
+def write_manifest(out: Path, manifest: dict) -> None:
+    (out / "manifest.json").write_text(json.dumps(manifest))
+
+
+def structural(cli, out: Path, *args: str) -> tuple[int, dict]:
+    return run_verify(cli, out, "--no-attention", *args)
+
+
+# --------------------------------------------------------------------------------------------
+# attention: the fp32 reference is the only witness against a kernel equally wrong both ways
+
+
+def test_non_causal_kernel_is_caught_by_the_fp32_reference(cli, packed, monkeypatch):
+    import torch.nn.functional as F
+
+    from packer.verify import attention as A
+
+    def make_non_causal_forward():
+        def forward(q, k, v, cu, max_seqlen):
+            doc = A.segment_ids(cu, q.shape[0])
+            mask = doc[:, None] == doc[None, :]  # within the segment, but both directions
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+            )
+            return out.transpose(0, 1)
+
+        return forward, "planted: block-diagonal, not causal"
+
+    monkeypatch.setattr(A, "make_cpu_forward", make_non_causal_forward)
+    code, report = run_verify(cli, packed[0], "--rows", "2")
+    assert code == 1
+    att = report["checks"]["attention"]
+    assert att["call"] == "planted: block-diagonal, not causal"
+    # packed equals alone (the kernel is wrong the same way both times) ...
+    assert att["max_isolated_diff"] <= 1e-5
+    # ... so only the reference comparison can see it, and it names every sample
+    assert att["max_reference_diff"] > 0.1 and att["failure_count"] == att["samples"]
+    for m in messages(report, "attention"):
+        assert "differs from the fp32 reference by" in m and "(tolerance 1e-05)" in m
+    assert report["checks"]["negative_control"]["ok"]  # the control alone would not catch it
+
+
+# --------------------------------------------------------------------------------------------
+# manifest
+
+
+def test_missing_shard(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name = manifest_of(out)["shards"][1]["file"]
+    (out / name).unlink()
+    code, report = structural(cli, out)
+    assert code == 1
+    assert f"{name}: listed in the manifest but missing" in messages(report, "manifest")
+
+
+def test_shard_bytes(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    entry = manifest["shards"][0]
+    real = entry["bytes"]
+    entry["bytes"] = real + 1
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert code == 1
+    assert messages(report) == [f"{entry['file']}: {real} bytes, the manifest says {real + 1}"]
+
+
+@pytest.mark.parametrize("key", ["rows", "tokens", "segments", "loss_tokens"])
+def test_shard_counts(cli, packed, tmp_path, key):
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    entry = manifest["shards"][1]
+    real = entry[key]
+    entry[key] = real + 1
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert code == 1
+    assert messages(report) == [
+        f"{entry['file']}: manifest says {real + 1} {key} but the shard holds {real}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "key", ["rows", "segments", "tokens", "pad_tokens", "loss_tokens", "samples_packed"]
+)
+def test_stats_totals(cli, packed, tmp_path, key):
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    real = manifest["stats"][key]
+    manifest["stats"][key] = real + 3
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert code == 1
+    assert messages(report) == [f"manifest stats say {real + 3} {key} but the shards hold {real}"]
+
+
+def test_unlisted_arrow_file(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    first = manifest_of(out)["shards"][0]["file"]
+    (out / "zz-extra.arrow").write_bytes((out / first).read_bytes())
+    code, report = structural(cli, out)
+    assert code == 1
+    assert messages(report) == [
+        "zz-extra.arrow: an .arrow file in the output that the manifest does not list"
+    ]
+
+
+# --------------------------------------------------------------------------------------------
+# labels against the source
+
+
+def test_label_differs_from_the_source(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    src = packed[1]
+    name, r, rows = multi_sample_row(out)
+    row = rows[r]
+    a, b = row["cu_seqlens"][1], row["cu_seqlens"][2]
+    t = next(i for i in range(a + 1, b) if row["labels"][i] != -100)
+    before = row["labels"][t]
+    row["labels"][t] = before + 1  # still a target, so num_loss_tokens stays right
+    save_shard(out, name, rows)
+    code, report = structural(cli, out)
+    assert code == 0  # without the source a changed label is a valid label
+    code, report = structural(cli, out, "--input", str(src))
+    assert code == 1
+    sample = row["sample_index"][1]
+    [msg] = messages(report)
+    assert msg.startswith(f"{name} row {r}, sample {sample} (segment 1")
+    assert f"label {t - a} of the sample is {before + 1} but the source has {before}" in msg
+    assert report["checks"]["input"]["failures"][0]["sample"] == sample
+
+
+# --------------------------------------------------------------------------------------------
+# coverage codes
+
+
+def find_split_sample(out: Path) -> tuple[str, int, int]:
+    """(shard, row, segment) of the second piece of a split sample."""
+    for entry in manifest_of(out)["shards"]:
+        for r, row in enumerate(load_shard(out / entry["file"])):
+            for k, off in enumerate(row["sample_offset"]):
+                if off > 0:
+                    return entry["file"], r, k
+    raise AssertionError("no split sample")
+
+
+def test_duplicate(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name, r, rows = multi_sample_row(out)
+    row = rows[r]
+    first, lost = row["sample_index"][0], row["sample_index"][1]
+    row["sample_index"][1] = first
+    save_shard(out, name, rows)
+    code, report = structural(cli, out)
+    assert code == 1
+    got = messages(report)
+    assert any(
+        m.startswith(f"{name} row {r}, sample {first} (segment 1")
+        and f"sample {first} at offset 0 appears twice (also in {name} row {r})" in m
+        for m in got
+    ), got
+    assert any(f"sample {lost} appears in no row" in m for m in got)
+
+
+def test_first_piece_not_at_offset_zero(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name, r, rows = multi_sample_row(out)
+    row = rows[r]
+    row["sample_offset"][1] = 5
+    save_shard(out, name, rows)
+    code, report = structural(cli, out)
+    assert code == 1
+    sample = row["sample_index"][1]
+    [msg] = messages(report)
+    assert msg.startswith(f"{name} row {r}, sample {sample} (piece at token 5) (segment 1")
+    assert f"the first piece of sample {sample} starts at token 5, not 0" in msg
+
+
+def test_piece_gap(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name, r, k = find_split_sample(out)
+    rows = load_shard(out / name)
+    off = rows[r]["sample_offset"][k]
+    rows[r]["sample_offset"][k] = off + 1
+    save_shard(out, name, rows)
+    code, report = structural(cli, out)
+    assert code == 1
+    sample = rows[r]["sample_index"][k]
+    msg = messages(report)[0]  # (the piece after it, if any, now overlaps: reported too)
+    assert msg.startswith(f"{name} row {r}, sample {sample} (piece at token {off + 1})")
+    assert (
+        f"this piece of sample {sample} starts at token {off + 1} but the previous piece "
+        f"ends at token {off}" in msg
+    )
+    assert all(f"sample {sample}" in m for m in messages(report))
+
+
+# --------------------------------------------------------------------------------------------
+# truncation keeps the first L tokens; a piece from elsewhere in the sample is caught
+
+
+def test_truncation_keeps_the_first_tokens(cli, tmp_path):
+    samples = make_samples(60, seed=12, median=40, vocab=300)
+    samples[7]["input_ids"] = list(range(1, 301))
+    samples[7]["labels"] = list(range(1, 301))
+    src = write_jsonl(tmp_path / "d.jsonl", samples)
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", MAX_LEN, "--overlength", "truncate").exit_code == 0
+    table = read_shards(out).to_pylist()
+    long = {i for i, s in enumerate(samples) if len(s["input_ids"]) > MAX_LEN}
+    assert 7 in long
+    found = {}
+    for row in table:
+        for k, (idx, off) in enumerate(zip(row["sample_index"], row["sample_offset"])):
+            a, b = row["cu_seqlens"][k], row["cu_seqlens"][k + 1]
+            found[idx] = (off, row["input_ids"][a:b])
+    for i in long:
+        assert found[i] == (0, samples[i]["input_ids"][:MAX_LEN])
+    assert found[7][1] == list(range(1, MAX_LEN + 1))
+    assert run_verify(cli, out, "--no-attention", "--input", str(src))[0] == 0
+    # the last L tokens instead of the first: caught as a first piece not at offset 0
+    name = manifest_of(out)["shards"][0]["file"]
+    rows = load_shard(out / name)
+    r = next(i for i, row in enumerate(rows) if 7 in row["sample_index"])
+    k = rows[r]["sample_index"].index(7)
+    a = rows[r]["cu_seqlens"][k]
+    tail = samples[7]["input_ids"][-MAX_LEN:]
+    rows[r]["input_ids"][a : a + MAX_LEN] = tail
+    rows[r]["labels"][a + 1 : a + MAX_LEN] = tail[1:]
+    rows[r]["sample_offset"][k] = 300 - MAX_LEN
+    save_shard(out, name, rows)
+    code, report = structural(cli, out, "--input", str(src))
+    assert code == 1
+    assert any(
+        f"the first piece of sample 7 starts at token {300 - MAX_LEN}, not 0" in m
+        for m in messages(report)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the atomic exchange and fsync
+
+
+def test_overwrite_swaps_through_renameat2_exchange(cli, tmp_path, monkeypatch):
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(60, seed=2, median=30, max_len=120))
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", 128).exit_code == 0
+    old_inode = out.stat().st_ino
+    real = output_mod._load_renameat2()
+    assert real, "renameat2 is not available here"
+    calls, temp_inodes = [], []
+
+    def spy(olddirfd, old, newdirfd, new, flags):
+        temp_inodes.append(os.stat(old).st_ino)
+        rc = real(olddirfd, old, newdirfd, new, flags)
+        calls.append((os.fsdecode(old), os.fsdecode(new), flags, rc))
+        return rc
+
+    def no_fallback(*args):
+        raise AssertionError("fell back to two renames")
+
+    monkeypatch.setattr(output_mod, "_renameat2_fn", spy)
+    monkeypatch.setattr(output_mod, "_replace_by_two_renames", no_fallback)
+    assert (
+        cli("pack", src, "-o", out, "-L", 64, "--overlength", "split", "--overwrite").exit_code == 0
+    )
+    [(old, new, flags, rc)] = calls
+    assert flags == output_mod._RENAME_EXCHANGE == 2 and rc == 0
+    assert new == str(out) and ".packer-tmp-" in Path(old).name
+    # the directory now at `out` is the one built under the temporary name, not the old one
+    assert out.stat().st_ino == temp_inodes[0] != old_inode
+    assert not Path(old).exists()  # it held the old output, removed after the swap
+    assert manifest_of(out)["config"]["max_len"] == 64
+
+
+def test_every_shard_and_the_manifest_are_fsynced_before_the_commit(tmp_path, monkeypatch):
+    events: list[tuple[str, str]] = []
+    real_fsync, real_commit = os.fsync, output_mod.commit
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def commit(tmp, out, overwrite=True):
+        events.append(("commit", str(tmp)))
+        return real_commit(tmp, out, overwrite)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(output_mod, "commit", commit)
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(200, seed=6, median=40))
+    result = packer.pack(
+        [src], tmp_path / "out", packer.PackConfig(max_len=128, overlength="split", shard_rows=10)
+    )
+    assert len(result.shards) >= 5
+    [(_, tmp)] = [e for e in events if e[0] == "commit"]
+    before = {p for kind, p in events[: events.index(("commit", tmp))] if kind == "fsync"}
+    after = {p for kind, p in events[events.index(("commit", tmp)) :] if kind == "fsync"}
+    for shard in result.shards:
+        assert str(Path(tmp) / shard["file"]) in before, shard["file"]
+    assert str(Path(tmp) / "manifest.json") in after | before
+    # the directory holding the files, and after the rename the parent directory
+    assert tmp in after and str(tmp_path) in after
+
+
+# --------------------------------------------------------------------------------------------
+# --seed picks the rows of ff-shuffle
+
+
+def _digests(out: Path) -> list[str]:
+    return [
+        hashlib.sha256((out / s["file"]).read_bytes()).hexdigest()
+        for s in manifest_of(out)["shards"]
+    ]
+
+
+def _rows_of(out: Path) -> list[tuple[int, ...]]:
+    return [tuple(r) for r in read_shards(out).column("sample_index").to_pylist()]
+
+
+def test_seed_changes_the_rows_of_ff_shuffle(cli, tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(150, seed=9, median=30, max_len=128))
+    outs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        out = tmp_path / name
+        res = cli("pack", src, "-o", out, "-L", 128, "--strategy", "ff-shuffle", "--seed", seed)
+        assert res.exit_code == 0, res.output
+        outs[name] = out
+    assert _digests(outs["a"]) == _digests(outs["b"])  # same seed, same bytes
+    assert _rows_of(outs["a"]) != _rows_of(outs["c"])  # another seed, other rows
+    assert sorted(sum(_rows_of(outs["a"]), ())) == sorted(sum(_rows_of(outs["c"]), ()))
+    assert manifest_of(outs["c"])["config"]["seed"] == 1
+    for out in outs.values():
+        assert structural(cli, out)[0] == 0
