@@ -6,6 +6,7 @@ import json
 
 import pytest
 import test_verify_cli
+from conftest import make_samples, write_jsonl
 from test_verify_cli import copy_output, messages, multi_sample_row, run_verify, save_shard
 
 torch = pytest.importorskip("torch")
@@ -49,7 +50,57 @@ def test_config_only_dir_passes_with_a_working_control(cli, packed, config_dir):
     assert (
         user["max_logits_diff"] <= 1e-5 < user["tolerance"] * 10 < user["control_min_logits_leak"]
     )
+    assert user["max_loss_diff"] <= 1e-5 and user["tolerance"] == 1e-4
+    assert user["model"] == "LlamaForCausalLM" and user["model_dir"] == str(config_dir)
+    assert user["call"] == "model.train(); model(**model_inputs(batch)) (flatten)"
+    assert user["device"] == "cpu" and user["dtype"] == "float32"
     assert "user_model" not in report["not_run"]
+
+
+def test_dtype_option_sets_the_model_dtype_and_tolerance(cli, packed, config_dir):
+    code, report = run_verify(
+        cli, packed[0], "--model", config_dir, "--rows", "1", "--dtype", "bf16"
+    )
+    assert code == 0, messages(report)
+    user = report["checks"]["user_model"]
+    assert user["dtype"] == "bfloat16" and user["tolerance"] == 5e-2
+    assert report["checks"]["attention"]["dtype"] == "bf16"
+
+
+def test_a_model_blind_to_context_fails_its_control(cli, packed, tmp_path):
+    """No layers: each logit depends on its own token only, so the check could not see a leak."""
+    cfg = tiny_config()
+    cfg.num_hidden_layers = 0
+    cfg.save_pretrained(tmp_path / "blind")
+    code, report = run_verify(cli, packed[0], "--model", tmp_path / "blind", "--rows", "2")
+    assert code == 1
+    user = report["checks"]["user_model"]
+    assert user["max_logits_diff"] == 0.0 and user["control_min_logits_leak"] == 0.0
+    got = messages(report, "user_model")
+    assert len(got) == 2
+    for m in got:
+        assert m.endswith(
+            ": with a 2D attention_mask (the samples of the row as one sequence) the model's "
+            "logits change by only 0 (needs > 0.0002): the check could not see a leak here"
+        )
+        assert m.startswith("shard-")
+    assert report["checks"]["user_model"]["failures"][0]["row"] is not None
+
+
+def test_rows_of_one_sample_leave_nothing_to_check(cli, config_dir, tmp_path):
+    samples = make_samples(12, seed=1, median=100, vocab=500)
+    for s in samples:
+        s["input_ids"] = (s["input_ids"] * 100)[:100]
+        s.pop("labels")
+    src = write_jsonl(tmp_path / "long.jsonl", samples)
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", 128).exit_code == 0
+    code, report = run_verify(cli, out, "--model", config_dir)
+    assert code == 0, messages(report)
+    user = report["checks"]["user_model"]
+    assert user["ran"] is False and user["ok"] is None
+    assert user["skipped_reason"] == "no picked row holds two samples"
+    assert user["rows"] == 0 and user["samples"] == 0 and user["tolerance"] is None
 
 
 def test_checkpoint_dir_loads_its_weights_eager(cli, packed, tmp_path):
@@ -81,11 +132,13 @@ def test_label_crossing_a_boundary_fails_the_user_model_check(cli, packed, confi
     assert code == 1
     user = messages(report, "user_model")
     sample = row["sample_index"][1]
-    assert any(
-        m.startswith(f"{name} row {r}, sample {sample} (tokens {t}..")
-        and "first token is the target of the previous sample" in m
-        for m in user
-    ), user
+    end = row["cu_seqlens"][2] - 1
+    n = sum(1 for x in row["labels"][t + 1 : end + 1] if x != -100)
+    assert (
+        f"{name} row {r}, sample {sample} (tokens {t}..{end}): the packed batch trains "
+        f"{n + 1} targets of this sample, alone it has {n}: its first token is the target of "
+        "the previous sample"
+    ) in user
     failure = report["checks"]["user_model"]["failures"][0]
     assert failure["shard"] == name and failure["row"] == r and failure["sample"] == sample
 
@@ -94,15 +147,25 @@ def test_usage_errors(cli, packed, tmp_path):
     out, _ = packed
     res = cli("verify", out, "--model", tmp_path)
     assert res.exit_code == 2
-    assert res.stderr.startswith("error: ") and "config.json" in res.stderr
+    assert res.stderr.strip() == (
+        f"error: {tmp_path}: --model needs a local directory with a config.json"
+    )
     small = tmp_path / "small"
     tiny_config(vocab=50).save_pretrained(small)
     res = cli("verify", out, "--model", small, "--rows", "1")
     assert res.exit_code == 2 and "outside the model's vocabulary (50)" in res.stderr
+    assert res.stderr.startswith(f"error: {small}: shard-") and "holds token id " in res.stderr
     res = cli("verify", out, "--model", small, "--no-attention")
-    assert res.exit_code == 2 and "drop it to use --model" in res.stderr
+    assert res.stderr.strip() == (
+        "error: --no-attention runs the structural checks alone; drop it to use --model"
+    )
+    res = cli("verify", out, "--model-check", "--no-attention")
+    assert res.stderr.strip() == (
+        "error: --no-attention runs the structural checks alone; drop it to use --model-check"
+    )
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
     res = cli("verify", out, "--model", tmp_path / "broken", "--rows", "1")
-    assert res.exit_code == 2 and "cannot load a causal LM" in res.stderr
+    assert res.exit_code == 2
+    assert res.stderr.startswith(f"error: {tmp_path / 'broken'}: cannot load a causal LM from it (")
     assert "Traceback" not in res.stderr
