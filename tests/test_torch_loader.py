@@ -171,6 +171,7 @@ def test_collate_pad(packed, name, multiple):
     width = longest if multiple is None else -(-longest // multiple) * multiple
     assert batch["input_ids"].shape == batch["labels"].shape == (3, width)
     assert batch["position_ids"].shape == (3, width)
+    assert {batch[k].dtype for k in ("input_ids", "labels", "position_ids")} == {torch.int64}
     cu = batch["cu_seqlens"]
     assert cu.dtype == torch.int32 and cu.shape[0] == 3 and (cu[:, -1] == width).all()
     for i, row in enumerate(rows):
