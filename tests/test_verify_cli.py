@@ -136,6 +136,7 @@ def test_packed_output_verifies(cli, packed):
     assert ctl["first_sample_diff"] <= 1e-5  # the first sample cannot leak: measured after it
     assert ctl["samples_measured"] > 0 and not ctl["synthetic"]
     assert checks["model"]["max_loss_diff"] < 1e-4
+    assert checks["model"]["samples"] == att["samples"] and checks["model"]["rows"] == att["rows"]
     assert checks["model"]["control_min_logits_leak"] > 1e-3
 
 

@@ -372,3 +372,93 @@ def test_seed_changes_the_rows_of_ff_shuffle(cli, tmp_path):
     assert manifest_of(outs["c"])["config"]["seed"] == 1
     for out in outs.values():
         assert structural(cli, out)[0] == 0
+
+
+# --------------------------------------------------------------------------------------------
+# the source comparison's other codes
+
+
+def source_lengths(src: Path) -> list[int]:
+    return [len(json.loads(line)["input_ids"]) for line in src.read_text().splitlines()]
+
+
+def test_piece_longer_than_its_source_sample(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    src = packed[1]
+    lengths = source_lengths(src)
+    name, r, rows = multi_sample_row(out)
+    row = rows[r]
+    n = row["cu_seqlens"][2] - row["cu_seqlens"][1]
+    short = next(i for i, m in enumerate(lengths) if m < n and i not in row["sample_index"])
+    row["sample_index"][1] = short
+    save_shard(out, name, rows)
+    code, report = structural(cli, out, "--input", str(src))
+    assert code == 1
+    failure = next(
+        f for f in report["checks"]["input"]["failures"] if "the piece ends" in f["message"]
+    )
+    assert failure["message"] == (
+        f"{name} row {r}, sample {short} (segment 1, tokens {row['cu_seqlens'][1]}.."
+        f"{row['cu_seqlens'][2] - 1}): the piece ends at token {n} but the source sample has "
+        f"only {lengths[short]} tokens ({src}: line {short + 1})"
+    )
+    assert (failure["shard"], failure["row"], failure["sample"], failure["segment"]) == (
+        name,
+        r,
+        short,
+        1,
+    )
+    assert failure["sample_offset"] == 0
+
+
+def test_sample_index_outside_the_source(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name, r, rows = multi_sample_row(out)
+    rows[r]["sample_index"][2] = 10_000
+    save_shard(out, name, rows)
+    code, report = structural(cli, out, "--input", str(packed[1]))
+    assert code == 1
+    text = "sample_index 10000 is outside the 80 input samples"
+    got = [m for m in messages(report, "input") if m.endswith(text)]
+    assert len(got) == 2  # from the coverage check and from the source comparison
+    assert all(m.startswith(f"{name} row {r}, sample 10000 (segment 2") for m in got)
+
+
+def test_token_of_a_later_piece_differs(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name, r, k = find_split_sample(out)
+    rows = load_shard(out / name)
+    row = rows[r]
+    off, t = row["sample_offset"][k], row["cu_seqlens"][k] + 2
+    before = row["input_ids"][t]
+    row["input_ids"][t] = before + 1
+    save_shard(out, name, rows)
+    code, report = structural(cli, out, "--input", str(packed[1]))
+    assert code == 1
+    sample = row["sample_index"][k]
+    [failure] = report["checks"]["input"]["failures"]
+    assert failure["message"].endswith(
+        f": token {off + 2} of the sample is {before + 1} but the source has {before} "
+        f"({packed[1]}: line {sample + 1})"
+    )
+    assert failure["sample_offset"] == off and failure["segment"] == k
+
+
+def test_source_without_labels_is_compared_with_its_tokens(cli, tmp_path):
+    samples = make_samples(30, seed=4, median=20, max_len=60, with_labels=False)
+    src = write_jsonl(tmp_path / "d.jsonl", samples)
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", 64).exit_code == 0
+    assert structural(cli, out, "--input", str(src))[0] == 0
+    name, r, rows = multi_sample_row(out)
+    row = rows[r]
+    t = row["cu_seqlens"][1] + 1
+    row["labels"][t] = row["input_ids"][t] + 1
+    save_shard(out, name, rows)
+    code, report = structural(cli, out, "--input", str(src))
+    assert code == 1
+    [msg] = messages(report, "input")
+    assert msg.endswith(
+        f": label 1 of the sample is {row['input_ids'][t] + 1} but the source has "
+        f"{row['input_ids'][t]} ({src}: line {row['sample_index'][1] + 1})"
+    )
