@@ -395,3 +395,45 @@ def test_synthetic_control_joins_the_first_two_rows():
     _, ctl = run(A.make_cpu_forward()[0], "cpu", rows[2:])
     ids = rows[2].data["input_ids"]
     assert abs(ctl.details["min_leak"] - _joined_leak(ids, ids[::-1].copy())) < 1e-6
+
+
+def test_blind_kernel_fails_the_synthetic_control():
+    rows = [
+        A.RowInput(
+            "s",
+            i,
+            {
+                "input_ids": np.arange(6) + i,
+                "position_ids": np.arange(6),
+                "cu_seqlens": np.array([0, 6], np.int32),
+                "sample_index": np.array([i]),
+                "sample_offset": np.array([0], np.int32),
+            },
+        )
+        for i in range(2)
+    ]
+    _, ctl = run(lambda q, k, v, cu, max_seqlen: v, "blind", rows)
+    [failure] = ctl.failures
+    assert failure.check == "negative_control"
+    assert failure.message == (
+        "plain causal attention over two joined samples changes the second by only 0 (needs > "
+        "0.0001): the check could not see a leak"
+    )
+    assert ctl.details["synthetic"] is True and ctl.details["min_leak"] == 0.0
+
+
+def test_no_rows_means_not_run():
+    iso, ctl = CheckResult("attention"), CheckResult("negative_control")
+    backend = A.Backend("cpu", "cpu", A.make_cpu_forward()[0], "x", A.DTYPES)
+    A.run_attention([], backend, "fp32", 0, iso, ctl)
+    for check in (iso, ctl):
+        assert check.ran is False and check.skipped_reason == "no usable row to run"
+    assert iso.details["tokens"] == 0 and iso.details["seconds_per_million_tokens"] is None
+
+
+def test_qkv_are_three_different_table_slices():
+    q, k, v = A.qkv_from_tokens(np.array([5, 4100]), 3, "cpu", torch.float16)
+    table = A._qkv_table(3)
+    for i, x in enumerate((q, k, v)):
+        assert x.dtype == torch.float16 and x.shape == (2, A.HEADS, A.HEAD_DIM)
+        assert torch.equal(x, table[[5, 4100 % A.TABLE_ROWS], i].half())

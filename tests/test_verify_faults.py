@@ -462,3 +462,80 @@ def test_source_without_labels_is_compared_with_its_tokens(cli, tmp_path):
         f": label 1 of the sample is {row['input_ids'][t] + 1} but the source has "
         f"{row['input_ids'][t]} ({src}: line {row['sample_index'][1] + 1})"
     )
+
+
+# --------------------------------------------------------------------------------------------
+# the JSON report: its shape, the fields of each failure, the attention numbers
+
+
+def test_report_shape_and_failure_fields(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    name, r, rows = multi_sample_row(out)
+    rows[r]["sample_offset"][1] = 5  # FIRST_PIECE
+    save_shard(out, name, rows)
+    manifest = manifest_of(out)
+    manifest["shards"][0]["rows"] += 1
+    write_manifest(out, manifest)
+    code, report = run_verify(cli, out, "--rows", "1")
+    assert code == 1
+    assert list(report) == ["ok", "output", "seconds", "failure_count", "not_run", "checks"]
+    assert report["ok"] is False and report["output"] == str(out)
+    assert report["failure_count"] == 2 and 0 < report["seconds"] < 600
+    assert list(report["checks"]) == [
+        "structure",
+        "manifest",
+        "input",
+        "attention",
+        "negative_control",
+        "model",
+        "user_model",
+    ]
+    for check, body in report["checks"].items():
+        assert all(f["check"] == check for f in body["failures"])
+    [structure] = report["checks"]["structure"]["failures"]
+    assert {k: structure[k] for k in ("shard", "row", "sample", "sample_offset", "segment")} == {
+        "shard": name,
+        "row": r,
+        "sample": rows[r]["sample_index"][1],
+        "sample_offset": 5,
+        "segment": 1,
+    }
+    [entry] = report["checks"]["manifest"]["failures"]
+    assert entry["shard"] == manifest["shards"][0]["file"] and "row" not in entry
+
+
+def test_attention_numbers_add_up(cli, packed):
+    code, report = run_verify(cli, packed[0])  # --rows all
+    assert code == 0
+    att, ctl = report["checks"]["attention"], report["checks"]["negative_control"]
+    assert att["tokens"] == report["checks"]["structure"]["tokens"]
+    assert att["rows"] == report["checks"]["structure"]["rows"]
+    per_million = att["seconds"] / att["tokens"] * 1e6
+    assert abs(att["seconds_per_million_tokens"] - per_million) <= 0.01 * per_million + 1e-3
+    assert 0 < att["packed_seconds_per_million_tokens"] <= att["seconds_per_million_tokens"]
+    assert ctl["backend"] == "cpu" and ctl["dtype"] == "fp32"
+    assert ctl["threshold"] == 10 * att["tolerance"]
+    assert ctl["min_leak"] <= ctl["max_leak"] and ctl["samples_measured"] == (
+        att["samples"] - att["rows"]
+    )
+
+
+def test_fp16_on_the_cpu_uses_its_tolerance(cli, packed):
+    code, report = run_verify(cli, packed[0], "--rows", "2", "--dtype", "fp16")
+    assert code == 0, messages(report)
+    att = report["checks"]["attention"]
+    assert att["dtype"] == "fp16" and att["tolerance"] == 2e-3
+    assert 0 < att["max_reference_diff"] <= 2e-3  # fp16 rounding shows against fp32
+    assert report["checks"]["negative_control"]["threshold"] == 2e-2
+
+
+def test_padding_totals_over_several_shards(cli, tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(60, seed=7, median=30, max_len=90))
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", 96, "--pad", "--shard-rows", "4").exit_code == 0
+    stats = manifest_of(out)["stats"]
+    assert len(manifest_of(out)["shards"]) > 2 and stats["pad_tokens"] > 0
+    code, report = structural(cli, out)
+    assert code == 0
+    assert report["checks"]["structure"]["pad_tokens"] == stats["pad_tokens"]
+    assert report["checks"]["structure"]["tokens"] == stats["tokens"]
