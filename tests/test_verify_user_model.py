@@ -55,6 +55,10 @@ def test_config_only_dir_passes_with_a_working_control(cli, packed, config_dir):
     assert user["call"] == "model.train(); model(**model_inputs(batch)) (flatten)"
     assert user["device"] == "cpu" and user["dtype"] == "float32"
     assert "user_model" not in report["not_run"]
+    # the picked rows all hold several samples: the same rows and samples as attention's
+    att = report["checks"]["attention"]
+    assert user["rows"] == att["rows"] and user["samples"] == att["samples"]
+    assert user["seconds"] > 0
 
 
 def test_dtype_option_sets_the_model_dtype_and_tolerance(cli, packed, config_dir):
@@ -84,7 +88,9 @@ def test_a_model_blind_to_context_fails_its_control(cli, packed, tmp_path):
             "logits change by only 0 (needs > 0.0002): the check could not see a leak here"
         )
         assert m.startswith("shard-")
-    assert report["checks"]["user_model"]["failures"][0]["row"] is not None
+    for failure in report["checks"]["user_model"]["failures"]:
+        assert failure["check"] == "user_model" and failure["shard"].startswith("shard-")
+        assert failure["row"] is not None
 
 
 def test_rows_of_one_sample_leave_nothing_to_check(cli, config_dir, tmp_path):
@@ -113,7 +119,9 @@ def test_checkpoint_dir_loads_its_weights_eager(cli, packed, tmp_path):
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     config["attn_implementation"] = "eager"  # the way to pick the attention for --model
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
-    code, report = run_verify(cli, out, "--model", tmp_path / "ckpt", "--rows", "2")
+    code, report = run_verify(
+        cli, out, "--model", tmp_path / "ckpt", "--rows", "2", "--dtype", "fp32"
+    )
     assert code == 0, messages(report)
     user = report["checks"]["user_model"]
     assert user["weights"] == "weights from the checkpoint"
@@ -141,6 +149,7 @@ def test_label_crossing_a_boundary_fails_the_user_model_check(cli, packed, confi
     ) in user
     failure = report["checks"]["user_model"]["failures"][0]
     assert failure["shard"] == name and failure["row"] == r and failure["sample"] == sample
+    assert failure["check"] == "user_model" and failure["segment"] == 1
 
 
 def test_usage_errors(cli, packed, tmp_path):
@@ -167,5 +176,29 @@ def test_usage_errors(cli, packed, tmp_path):
     (tmp_path / "broken" / "config.json").write_text(json.dumps({"model_type": "no-such-model"}))
     res = cli("verify", out, "--model", tmp_path / "broken", "--rows", "1")
     assert res.exit_code == 2
-    assert res.stderr.startswith(f"error: {tmp_path / 'broken'}: cannot load a causal LM from it (")
+    assert res.stderr.startswith(
+        f"error: {tmp_path / 'broken'}: cannot load a causal LM from it (The checkpoint you are "
+        "trying to load has model type `no-such-model`"
+    )
     assert "Traceback" not in res.stderr
+
+
+def test_vocabulary_boundary_and_missing_transformers(cli, packed, tmp_path, monkeypatch):
+    """A token id equal to vocab_size is outside the vocabulary; one below it is inside."""
+    import sys
+
+    from conftest import read_shards
+
+    out, _ = packed
+    top = max(max(ids) for ids in read_shards(out).column("input_ids").to_pylist())
+    tiny_config(vocab=top).save_pretrained(tmp_path / "edge")
+    res = cli("verify", out, "--model", tmp_path / "edge", "--rows", "all")
+    assert res.exit_code == 2
+    assert f"holds token id {top}, outside the model's vocabulary ({top})" in res.stderr
+    tiny_config(vocab=top + 1).save_pretrained(tmp_path / "fits")
+    code, report = run_verify(cli, out, "--model", tmp_path / "fits", "--rows", "1")
+    assert code == 0, messages(report)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed
+    res = cli("verify", out, "--model", tmp_path / "fits", "--rows", "1")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == "error: --model needs transformers: pip install transformers"
