@@ -54,11 +54,27 @@ def verify(
         "--model-check",
         help="Also compare per-sample losses of a tiny random transformers model, packed vs alone.",
     ),
+    model_dir: Optional[Path] = typer.Option(
+        None,
+        "--model",
+        metavar="MODEL_DIR",
+        help="A local transformers checkpoint or config directory (config only: random "
+        "weights): its model, in train mode through model(**model_inputs(batch)), must give "
+        "every sample of the picked rows the same logits packed as alone. Nothing is "
+        "downloaded.",
+    ),
+    no_attention: bool = typer.Option(
+        False,
+        "--no-attention",
+        help="Run the structure, manifest and input checks alone (no torch needed); the "
+        "attention and model checks are reported as not run.",
+    ),
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
-    """Prove that no packed sample can see or predict another. Exit 0: all checks pass; 1: a
-    check failed (each failure names shard, row and sample); 2: usage error."""
+    """Prove that no packed sample can see or predict another. Exit 0: all checks that ran pass;
+    1: a check failed (each failure names shard, row and sample); 2: usage error (also: the
+    attention check without torch; pass --no-attention)."""
     from rich.markup import escape
 
     from packer.report import stderr
@@ -74,6 +90,8 @@ def verify(
             dtype=dtype,
             seed=seed,
             model_check=model_check,
+            attention=not no_attention,
+            model_dir=model_dir,
         )
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")

@@ -16,7 +16,12 @@ def build_tiny_model(
     max_positions: int = 16384,
     attn_implementation: str = "sdpa",
 ):
-    """A 2-layer Llama with random weights, in fp32 eval mode (dropout off)."""
+    """A 2-layer Llama with random weights, in fp32 eval mode (dropout off).
+
+    Every other setting is the library default, `use_cache=True` included: a forward that does
+    not pass `use_cache=False` builds a cache and skips transformers' packed-sample detection,
+    exactly as a real checkpoint would.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -29,8 +34,7 @@ def build_tiny_model(
         num_key_value_heads=max(1, num_heads // 2),
         max_position_embeddings=max_positions,
         attention_dropout=0.0,
-        use_cache=False,
-    )
+    )  # use_cache stays at the library default (True), as in from_pretrained checkpoints
     config._attn_implementation = attn_implementation
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)

@@ -25,7 +25,13 @@ from torch.utils.data import DataLoader
 
 import packer
 from packer.tiny_model import build_tiny_model
-from packer.torch import PackedBatchSampler, PackedDataset, collate_packed, model_inputs
+from packer.torch import (
+    PackedBatchSampler,
+    PackedDataset,
+    check_isolation,
+    collate_packed,
+    model_inputs,
+)
 from packer.torch.loss import step_loss_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +78,12 @@ def train(packed: Path, args: argparse.Namespace) -> list[float]:
         f"rows, {args.accum} micro-batches per step"
     )
     batches = micro_batches(sampler, loader)
+    # the model, its config and this loop's call, packed vs each sample alone; raises on a leak
+    report = check_isolation(model, next(iter(loader)))
+    print(
+        f"isolation: {report.samples} samples, packed vs alone logits within "
+        f"{report.max_logits_diff:.2g} (tolerance {report.tolerance:g})"
+    )
     losses = []
     for step in range(1, args.steps + 1):
         t0 = time.perf_counter()

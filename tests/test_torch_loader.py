@@ -152,7 +152,8 @@ def test_collate_flatten(packed, name):
     assert batch["max_length_q"] == batch["max_length_k"] == int(cu_q.diff().max())
     _check_segments(ids[0], labels[0], pos[0], cu_q, total)
     assert batch["num_loss_tokens"] == int((labels != -100).sum())
-    assert set(model_inputs(batch)) == set(batch) - {"num_loss_tokens"}
+    assert set(model_inputs(batch)) == set(batch) - {"num_loss_tokens"} | {"use_cache"}
+    assert model_inputs(batch)["use_cache"] is False
     # transformers derives the same boundaries from position_ids on its own
     (fa_q, fa_k), (max_q, _) = prepare_fa_kwargs_from_position_ids(pos)
     assert torch.equal(fa_q, cu_q) and int(max_q) == batch["max_length_q"]
@@ -170,6 +171,7 @@ def test_collate_pad(packed, name, multiple):
     width = longest if multiple is None else -(-longest // multiple) * multiple
     assert batch["input_ids"].shape == batch["labels"].shape == (3, width)
     assert batch["position_ids"].shape == (3, width)
+    assert {batch[k].dtype for k in ("input_ids", "labels", "position_ids")} == {torch.int64}
     cu = batch["cu_seqlens"]
     assert cu.dtype == torch.int32 and cu.shape[0] == 3 and (cu[:, -1] == width).all()
     for i, row in enumerate(rows):
@@ -212,13 +214,30 @@ def test_collate_accepts_hf_dataset_rows(packed, mode):
 
 def test_collate_errors(packed):
     ds = PackedDataset(packed["plain"])
-    with pytest.raises(ValueError, match="unknown mode"):
+    with pytest.raises(ValueError) as info:
         collate_packed([ds[0]], "ragged")
-    with pytest.raises(ValueError, match="empty"):
+    assert str(info.value) == "unknown mode 'ragged' (choose from flatten, pad)"
+    with pytest.raises(ValueError) as info:
         collate_packed([], "flatten")
-    row = {k: v for k, v in ds[0].items() if k != "cu_seqlens"}  # as Trainer's column removal
-    with pytest.raises(KeyError, match="remove_unused_columns=False"):
+    assert str(info.value) == "cannot collate an empty batch"
+    row = {k: v for k, v in ds[0].items() if k not in ("cu_seqlens", "labels")}  # as Trainer's
+    with pytest.raises(KeyError) as info:  # column removal does
         collate_packed([row], "flatten")
+    assert info.value.args[0] == (
+        "packed rows lack labels, cu_seqlens; with a Hugging Face Trainer, set "
+        "remove_unused_columns=False so the collator sees every column"
+    )
+    for bad in (0, -3):
+        with pytest.raises(ValueError) as info:
+            collate_packed([ds[0]], "pad", pad_to_multiple_of=bad)
+        assert str(info.value) == f"pad_to_multiple_of must be at least 1, got {bad}"
+    # 1 is a valid multiple (no rounding); flatten ignores the option
+    one = collate_packed([ds[0], ds[1]], "pad", pad_to_multiple_of=1)
+    assert one["input_ids"].shape[1] == max(len(ds[0]["input_ids"]), len(ds[1]["input_ids"]))
+    assert "cu_seq_lens_q" in collate_packed([ds[0]], pad_to_multiple_of=0)  # default: flatten
+    short = min(range(len(ds)), key=lambda i: len(ds[i]["input_ids"]))
+    padded = collate_packed([ds[short], ds[0]], "pad")  # default pad id: 0
+    assert int(padded["input_ids"][0, -1]) == 0
 
 
 def test_loss_helpers_agree_with_transformers_normalisation():

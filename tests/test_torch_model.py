@@ -121,9 +121,12 @@ def _packed_per_sample(model, batch, rows, path: str) -> list[tuple[float, int]]
 
 
 def _hf_loss(model, batch) -> float:
-    """What a trainer computes: every key the collator returns, no attention_mask."""
+    """What a trainer computes: every key the collator returns, no attention_mask, no cache
+    (Trainer sets `config.use_cache = False`; TRL passes `use_cache=False`)."""
     with torch.no_grad():
-        return model(**batch, num_items_in_batch=batch["num_loss_tokens"]).loss.item()
+        return model(
+            **batch, use_cache=False, num_items_in_batch=batch["num_loss_tokens"]
+        ).loss.item()
 
 
 @pytest.mark.parametrize("mode", ["flatten", "pad"])
@@ -178,15 +181,19 @@ def test_flatten_batch_passes_transformers_packed_path(setup):
     assert batch["max_length_q"] == batch["max_length_k"] == int(cu.diff().max())
     assert "attention_mask" not in batch  # a 2D mask would switch transformers' detection off
     reference = _mean(_per_sample_reference(model, samples, rows))
-    # every key the collator returns, num_loss_tokens included, as a Trainer passes them; the
-    # default transformers loss is the mean over shifted targets, which num_loss_tokens counts
+    # every key the collator returns, num_loss_tokens included, as a Trainer passes them (with
+    # use_cache=False, as Trainer and TRL set it); the default transformers loss is the mean
+    # over shifted targets, which num_loss_tokens counts
     with torch.no_grad():
-        loss = model(**batch).loss.item()
+        loss = model(**batch, use_cache=False).loss.item()
+        cached = model(**batch).loss.item()  # the config's use_cache=True: a cache is built
     assert abs(loss - reference) <= TOL
+    # with a cache transformers skips its packed-sample detection: the samples leak
+    assert abs(cached - reference) > TOL
     # the same batch with positions that do not restart is one sequence to transformers
     plain = dict(batch, position_ids=torch.arange(t)[None])
     with torch.no_grad():
-        assert abs(model(**plain).loss.item() - loss) > TOL
+        assert abs(model(**plain, use_cache=False).loss.item() - loss) > TOL
 
 
 def test_gradient_accumulation_weights_every_token_once(setup):

@@ -142,6 +142,59 @@ def test_flash_attn_and_aten_adapters():
     assert fwd(q, q, q + 2, cu, 3).sum() == 48 and seen["aten"] == (0.0, True, False)
 
 
+def test_adapters_pass_every_argument_in_place():
+    """The GPU kernels are only faked on the CPU: each adapter must hand them q, k, v, the same
+    cu_seqlens twice and the max length twice as Python ints, causal, no dropout."""
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append((args, kwargs))
+        return (args[2], None) if len(args) > 7 else args[2]
+
+    q, k, v = (torch.full((4, 1, 8), float(i)) for i in range(3))
+    cu = torch.tensor([0, 1, 4], dtype=torch.int32)
+    flash, flash_call = A.make_flash_attn_forward(record)
+    aten, aten_call = A.make_aten_flash_forward(record)
+    assert flash(q, k, v, cu, np.int64(3)) is v and aten(q, k, v, cu, np.int64(3)) is v
+    (f_args, f_kwargs), (a_args, a_kwargs) = calls
+    assert f_args[:5] == (q, k, v, cu, cu) and f_args[5:] == (3, 3)
+    assert all(type(x) is int for x in f_args[5:]) and all(type(x) is int for x in a_args[5:7])
+    assert f_kwargs == {"dropout_p": 0.0, "softmax_scale": None, "causal": True}
+    assert a_args[:5] == (q, k, v, cu, cu) and a_args[5:] == (3, 3, 0.0, True, False)
+    assert a_kwargs == {}
+    assert flash_call == "flash_attn.flash_attn_varlen_func(..., dropout_p=0.0, causal=True)"
+    assert aten_call == (
+        "torch.ops.aten._flash_attention_forward(..., dropout_p=0.0, is_causal=True)"
+    )
+    calls.clear()
+
+    def varlen(query, key, value, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1)):
+        calls.append(((query, key, value, cu_q, cu_k, max_q, max_k), {"window_size": window_size}))
+        return value
+
+    fwd, call = A.make_varlen_forward(varlen)
+    assert fwd(q, k, v, cu, np.int64(3)) is v
+    [(args, kwargs)] = calls
+    assert args[:5] == (q, k, v, cu, cu) and args[5:] == (3, 3) and type(args[6]) is int
+    assert call == (
+        "torch.nn.attention.varlen.varlen_attn(q, k, v, cu, cu, max, max, window_size=(-1, 0))"
+    )
+
+
+def test_unreadable_or_unknown_varlen_signatures():
+    with pytest.raises(UsageError) as info:
+        A.varlen_call_form(object())  # no signature
+    assert str(info.value) == "cannot read the signature of torch's varlen_attn"
+    with pytest.raises(UsageError) as info:
+        A.varlen_call_form(fake_varlen_unknown)
+    assert str(info.value) == (
+        "torch's varlen_attn takes neither window_size= nor is_causal=; this torch version is "
+        "not supported by --backend torch-varlen"
+    )
+    with pytest.raises(ValueError, match="^unknown varlen call form 'other'$"):
+        A.varlen_causal_kwargs("other")
+
+
 # --------------------------------------------------------------------------------------------
 # Choosing a backend
 
@@ -306,3 +359,81 @@ def test_control_uses_joined_samples_when_no_row_has_two():
     ]
     iso, ctl = run(A.make_cpu_forward()[0], "cpu", rows)
     assert ctl.ok and ctl.details["synthetic"] and ctl.details["min_leak"] > 0.1
+
+
+def _joined_leak(first: np.ndarray, second: np.ndarray, seed: int = 0) -> float:
+    """The synthetic control's number, from the fp32 reference: the second sample's output under
+    causal attention over both, against the second alone."""
+    ids = np.concatenate([first, second])
+    q, k, v = A.qkv_from_tokens(ids, seed, "cpu", torch.float32)
+    a = len(first)
+    both = A._reference(q, k, v)[a:]
+    alone = A._reference(q[a:], k[a:], v[a:])
+    return float((both - alone).abs().max())
+
+
+def test_synthetic_control_joins_the_first_two_rows():
+    rows = [
+        A.RowInput(
+            "s",
+            i,
+            {
+                "input_ids": np.arange(8) * (i + 1) + 3 * i,
+                "position_ids": np.arange(8),
+                "cu_seqlens": np.array([0, 8], np.int32),
+                "sample_index": np.array([i]),
+                "sample_offset": np.array([0], np.int32),
+            },
+        )
+        for i in range(3)
+    ]
+    _, ctl = run(A.make_cpu_forward()[0], "cpu", rows)
+    want = _joined_leak(rows[0].data["input_ids"], rows[1].data["input_ids"])
+    assert abs(ctl.details["min_leak"] - want) < 1e-6 and want > 0.1
+    assert ctl.details["samples_measured"] == 1
+    # with one row, it is joined with itself reversed
+    _, ctl = run(A.make_cpu_forward()[0], "cpu", rows[2:])
+    ids = rows[2].data["input_ids"]
+    assert abs(ctl.details["min_leak"] - _joined_leak(ids, ids[::-1].copy())) < 1e-6
+
+
+def test_blind_kernel_fails_the_synthetic_control():
+    rows = [
+        A.RowInput(
+            "s",
+            i,
+            {
+                "input_ids": np.arange(6) + i,
+                "position_ids": np.arange(6),
+                "cu_seqlens": np.array([0, 6], np.int32),
+                "sample_index": np.array([i]),
+                "sample_offset": np.array([0], np.int32),
+            },
+        )
+        for i in range(2)
+    ]
+    _, ctl = run(lambda q, k, v, cu, max_seqlen: v, "blind", rows)
+    [failure] = ctl.failures
+    assert failure.check == "negative_control"
+    assert failure.message == (
+        "plain causal attention over two joined samples changes the second by only 0 (needs > "
+        "0.0001): the check could not see a leak"
+    )
+    assert ctl.details["synthetic"] is True and ctl.details["min_leak"] == 0.0
+
+
+def test_no_rows_means_not_run():
+    iso, ctl = CheckResult("attention"), CheckResult("negative_control")
+    backend = A.Backend("cpu", "cpu", A.make_cpu_forward()[0], "x", A.DTYPES)
+    A.run_attention([], backend, "fp32", 0, iso, ctl)
+    for check in (iso, ctl):
+        assert check.ran is False and check.skipped_reason == "no usable row to run"
+    assert iso.details["tokens"] == 0 and iso.details["seconds_per_million_tokens"] is None
+
+
+def test_qkv_are_three_different_table_slices():
+    q, k, v = A.qkv_from_tokens(np.array([5, 4100]), 3, "cpu", torch.float16)
+    table = A._qkv_table(3)
+    for i, x in enumerate((q, k, v)):
+        assert x.dtype == torch.float16 and x.shape == (2, A.HEADS, A.HEAD_DIM)
+        assert torch.equal(x, table[[5, 4100 % A.TABLE_ROWS], i].half())

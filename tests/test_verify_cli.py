@@ -121,7 +121,8 @@ def test_packed_output_verifies(cli, packed):
     code, report = run_verify(cli, out, "--input", str(src), "--model-check")
     assert code == 0, messages(report)
     checks = report["checks"]
-    assert all(c["ok"] for c in checks.values())
+    assert all(c["ok"] for c in checks.values() if c["ran"])
+    assert report["not_run"] == ["user_model"] and checks["user_model"]["ok"] is None
     assert (
         checks["structure"]["rows"]
         == json.loads((out / "manifest.json").read_text())["stats"]["rows"]
@@ -135,6 +136,7 @@ def test_packed_output_verifies(cli, packed):
     assert ctl["first_sample_diff"] <= 1e-5  # the first sample cannot leak: measured after it
     assert ctl["samples_measured"] > 0 and not ctl["synthetic"]
     assert checks["model"]["max_loss_diff"] < 1e-4
+    assert checks["model"]["samples"] == att["samples"] and checks["model"]["rows"] == att["rows"]
     assert checks["model"]["control_min_logits_leak"] > 1e-3
 
 
@@ -384,3 +386,39 @@ def test_shard_with_a_foreign_schema(cli, packed, tmp_path):
         in messages(report, "structure")
     )
     assert any("xxh3_128 differs" in m for m in messages(report, "manifest"))
+
+
+def test_model_check_details_and_its_control(cli, packed, monkeypatch):
+    import packer.tiny_model
+
+    out, _ = packed
+    code, report = run_verify(cli, out, "--rows", "2", "--model-check", "--seed", "4")
+    assert code == 0, messages(report)
+    model = report["checks"]["model"]
+    assert model["model"].startswith("LlamaForCausalLM, 2 layers, hidden 64, vocab ")
+    assert model["model"].endswith(", random (seed 4)")
+    assert (
+        model["attention"] == "sdpa, explicit 4-D block-diagonal causal mask from cu_seqlens, fp32"
+    )
+    assert model["tolerance"] == 1e-4 and model["max_logits_diff"] < 1e-5
+    assert 1e-3 < model["control_min_logits_leak"] <= model["control_max_logits_leak"]
+    assert model["seconds"] > 0
+    # a model that cannot see context: its control must fail, naming each later sample
+    real = packer.tiny_model.build_tiny_model
+    monkeypatch.setattr(
+        packer.tiny_model, "build_tiny_model", lambda *a, **k: real(*a, **k, num_layers=0)
+    )
+    code, report = run_verify(cli, out, "--rows", "2", "--model-check")
+    assert code == 1
+    got = report["checks"]["model"]["failures"]
+    assert got and all(
+        f["check"] == "model" and f["shard"] and f["sample"] is not None for f in got
+    )
+    assert all(
+        f["message"].endswith(
+            ": under a plain causal mask the logits change by only 0: the model check could not "
+            "see a leak here"
+        )
+        for f in got
+    )
+    assert report["checks"]["model"]["control_max_logits_leak"] == 0.0

@@ -28,6 +28,10 @@ MUTATIONS = (
     "cu_end",
     "cu_repeat",
     "too_long",
+    "pos_short",
+    "offset_short",
+    "empty",
+    "pad_short",
 )
 
 
@@ -94,6 +98,19 @@ def mutate(row: dict, kind: str, rng: np.random.Generator) -> None:
         cu[-1] += 2
     elif kind == "cu_repeat":
         cu.insert(1, cu[1])
+    elif kind == "pos_short":
+        row["position_ids"].pop()
+    elif kind == "offset_short" and row["sample_offset"]:
+        row["sample_offset"].pop()
+    elif kind == "empty":
+        for col in ("input_ids", "labels", "position_ids"):
+            row[col].clear()
+        cu[:] = [0]
+        row["num_loss_tokens"] = 0
+    elif kind == "pad_short" and cu[-1] - cu[-2] > 1:
+        for col in ("input_ids", "labels", "position_ids"):
+            row[col].pop()
+        cu[-1] -= 1
     elif kind == "too_long":
         for col in ("input_ids", "labels"):
             row[col].append(1)
@@ -180,6 +197,25 @@ def test_each_corruption_gets_its_code():
     row = make_row([6, 7], rng, 13, False, 0)
     mutate(row, "too_long", rng)
     assert run_kernel([row], 13, False, 0)[0][0][0] == K.OVER_MAX_LEN
+
+
+def test_shape_codes_locate_the_problem():
+    """The codes that stop a row before its segments, with the numbers messages quote."""
+    rng = np.random.default_rng(1)
+    cases = {
+        ("pos_short", False): (K.LENGTHS_DIFFER, 2, 21, 20),
+        ("offset_short", False): (K.LENGTHS_DIFFER, 3, 3, 2),
+        ("labels_short", False): (K.LENGTHS_DIFFER, 1, 21, 20),
+        ("empty", False): (K.EMPTY_ROW, 0, 0, 0),
+        ("pad_short", True): (K.PAD_LENGTH, 39, 0, 0),
+        ("cu_start", False): (K.CU_START, 1, 4, 0),
+    }
+    for (kind, pad), want in cases.items():
+        row = make_row([6, 7, 8], rng, 40, pad, 0)
+        mutate(row, kind, rng)
+        got, _ = run_kernel([row], 40, pad, 0)
+        reference, _ = K.check_rows_reference([row], 40, pad, 0)
+        assert got == [want] and [tuple(r) for r in reference] == [want], kind
 
 
 @settings(max_examples=60, deadline=None)

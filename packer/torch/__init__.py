@@ -9,20 +9,33 @@ Inside it, `import torch` is an absolute import and resolves to PyTorch, not to 
     sampler = PackedBatchSampler(ds, batch_size=4, seed=0)
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate_packed)
 
-See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer, TRL).
+See the README, "Training on packed shards", for the loops (plain PyTorch, Hugging Face Trainer,
+TRL) and `check_isolation`, which proves a model and its training call keep the samples apart.
 """
+
+try:
+    import torch  # noqa: F401  (PyTorch: absolute import)
+except ImportError as exc:  # the core install: say which extra brings torch
+    raise ImportError(
+        "packer.torch needs torch, which the core install leaves out: "
+        "pip install 'packer[verify]' (or install torch first)"
+    ) from exc
 
 from packer.torch.collate import MODES, block_causal_mask, collate_packed, model_inputs
 from packer.torch.data import CONTRACT_COLUMNS, PackedDataset, load_hf_dataset
+from packer.torch.isolation import IsolationError, IsolationReport, check_isolation
 from packer.torch.loss import step_loss_tokens, sum_token_loss
 from packer.torch.sampler import PackedBatchSampler, plan_batches
 
 __all__ = [
     "CONTRACT_COLUMNS",
+    "IsolationError",
+    "IsolationReport",
     "MODES",
     "PackedBatchSampler",
     "PackedDataset",
     "block_causal_mask",
+    "check_isolation",
     "collate_packed",
     "load_hf_dataset",
     "model_inputs",

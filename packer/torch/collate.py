@@ -17,7 +17,9 @@ Two layouts:
   use `flatten` with flash attention.
 
 Both add `num_loss_tokens`: the labels that count in this batch (sum of the rows' column).
-`model_inputs(batch)` drops it (and other non-model keys) before calling the model.
+`model_inputs(batch)` drops it (and other non-model keys) and adds `use_cache=False`: with a
+cache (the default of most configs, `LlamaConfig` included) transformers skips its detection
+of packed samples in `position_ids`, and the samples of a row silently attend to each other.
 Label convention (from the shards): unshifted, the model shifts; the first label of every
 sample is -100, so after the shift no position predicts a token of another sample or row.
 """
@@ -146,17 +148,27 @@ def collate_packed(
 
 
 def model_inputs(batch: dict) -> dict:
-    """The keys of a collated batch that a transformers causal LM accepts as keyword args."""
-    return {k: v for k, v in batch.items() if k in MODEL_KEYS}
+    """The keys of a collated batch that a transformers causal LM accepts, plus `use_cache=False`.
+
+    transformers finds the packed samples in `position_ids` only when no cache is built; its
+    `use_cache` defaults to `config.use_cache`, True for most checkpoints, so it is always
+    switched off here (training never needs the cache).
+    """
+    inputs = {k: v for k, v in batch.items() if k in MODEL_KEYS}
+    inputs["use_cache"] = False
+    return inputs
 
 
-def block_causal_mask(batch: dict, dtype: torch.dtype = torch.bool) -> torch.Tensor:
-    """A `[B, 1, T, T]` block-diagonal causal mask from the batch's segment boundaries.
+def block_causal_mask(batch: dict, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A `[B, 1, T, T]` additive block-diagonal causal mask from the batch's segment boundaries.
 
     For attention paths that do not read `position_ids` or `cu_seq_lens` (or to make the
     boundaries explicit): position q may attend to k iff k <= q and both lie in the same
-    segment. bool (True = attend) for sdpa; a float dtype gives an additive mask (0 / min) for
-    eager attention. Passing a 4D mask makes transformers use it as-is.
+    segment. The mask is 0 there and the dtype's minimum elsewhere, in `dtype` (pass the
+    model's, e.g. `torch.bfloat16`): eager attention adds the mask to the scores and sdpa
+    accepts it too, so it isolates on both. A 4D mask is used by transformers as it is.
+    `dtype=torch.bool` gives the boolean form (True = attend), which only sdpa reads right:
+    eager adds it as 1 / 0 and masks nothing.
     """
     cu = batch["cu_seq_lens_q"][None] if "cu_seq_lens_q" in batch else batch["cu_seqlens"]
     length = batch["input_ids"].shape[-1]
@@ -169,5 +181,7 @@ def block_causal_mask(batch: dict, dtype: torch.dtype = torch.bool) -> torch.Ten
     mask = (same & (pos[None, :, None] >= pos[None, None, :]))[:, None]
     if dtype == torch.bool:
         return mask
+    if not dtype.is_floating_point:
+        raise ValueError(f"block_causal_mask needs a float dtype (or torch.bool), got {dtype}")
     zero = torch.zeros((), dtype=dtype, device=cu.device)
     return torch.where(mask, zero, torch.finfo(dtype).min)

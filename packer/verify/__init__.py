@@ -2,8 +2,9 @@
 
 Checks, in order: the structure of every row and the manifest (CPU, numba, no torch), the
 samples against the source (`inputs`), attention isolation on picked rows with a negative
-control, and optionally a tiny transformers model. Torch is imported only when the attention or
-model checks run.
+control, and optionally a tiny transformers model (`model_check`) and the user's own model
+(`model_dir`). Torch is imported only when the attention or model checks run; with
+`attention=False` they are reported as not run (`ran: false` and the reason).
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ def parse_rows(value: str | int | None) -> int | None:
     return count
 
 
+TORCH_MISSING = (
+    "the attention check needs torch: pip install 'packer[verify]', or pass --no-attention "
+    "for the structural checks alone"
+)
+
+
+def _require_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise UsageError(TORCH_MISSING) from None
+
+
+def _not_run(name: str, reason: str) -> CheckResult:
+    return CheckResult(name, ran=False, skipped_reason=reason)
+
+
 def verify(
     output_dir: str | Path,
     inputs: Iterable[str | Path] | None = None,
@@ -49,12 +67,15 @@ def verify(
     seed: int = 0,
     model_check: bool = False,
     attention: bool = True,
+    model_dir: str | Path | None = None,
 ) -> VerifyResult:
     """Verify a packer output; the result says which checks passed and what differs where.
 
     `rows` is how many rows the attention (and model) checks run: an int, or 'all'. `dtype`
     defaults to bf16 on a GPU backend and fp32 on the CPU. `attention=False` runs the CPU
-    structure checks alone (no torch).
+    structure, manifest and input checks alone (no torch); the others are reported as not run.
+    `model_dir`: a local transformers checkpoint or config directory whose model must give each
+    sample the same logits packed as alone (`packer.torch.check_isolation`).
     """
     from packer.verify.structure import check_structure
 
@@ -66,9 +87,15 @@ def verify(
         raise UsageError(f"--seed must be non-negative, got {seed}")
     chosen = None
     if attention:
+        _require_torch()
         from packer.verify.attention import resolve
 
         chosen = resolve(backend, dtype)  # usage errors before any work
+    elif model_check or model_dir is not None:
+        raise UsageError(
+            "--no-attention runs the structural checks alone; drop it to use "
+            + ("--model-check" if model_check else "--model")
+        )
 
     source = None
     inputs = list(inputs or [])
@@ -83,11 +110,9 @@ def verify(
     checks = {
         "structure": CheckResult("structure"),
         "manifest": CheckResult("manifest"),
-        "input": CheckResult(
-            "input",
-            ran=source is not None,
-            skipped_reason=None if source is not None else "no --input given",
-        ),
+        "input": CheckResult("input")
+        if source is not None
+        else _not_run("input", "no --input given"),
     }
     statuses = check_structure(
         out,
@@ -98,7 +123,11 @@ def verify(
         checks["input"] if source is not None else None,
     )
 
-    if chosen is not None:
+    if chosen is None:
+        reason = "--no-attention was given"
+        for name in ("attention", "negative_control", "model", "user_model"):
+            checks[name] = _not_run(name, reason)
+    else:
         from packer.verify.attention import RowInput, pick_rows, run_attention
 
         candidates = []
@@ -118,13 +147,20 @@ def verify(
         run_attention(
             picked, backend_obj, dtype_name, seed, checks["attention"], checks["negative_control"]
         )
-        checks["model"] = CheckResult(
-            "model",
-            ran=model_check,
-            skipped_reason=None if model_check else "not asked (--model-check)",
+        checks["model"] = (
+            CheckResult("model") if model_check else _not_run("model", "not asked (--model-check)")
         )
         if model_check:
             from packer.verify.model_check import run_model_check
 
             run_model_check(picked, seed, checks["model"])
+        checks["user_model"] = (
+            CheckResult("user_model")
+            if model_dir is not None
+            else _not_run("user_model", "not asked (--model DIR)")
+        )
+        if model_dir is not None:
+            from packer.verify.user_model import run_user_model
+
+            run_user_model(picked, model_dir, seed, dtype, checks["user_model"])
     return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)

@@ -46,11 +46,22 @@ def _summary(name: str, d: dict) -> str:
             f"logits diff {_fmt(d.get('max_logits_diff'))}; causal-mask control "
             f"{_fmt(d.get('control_min_logits_leak'))}"
         )
+    if name == "user_model":
+        return (
+            f"{d.get('model')} ({d.get('weights')}; {d.get('attn_implementation')}, "
+            f"{d.get('dtype')}), {_fmt(d.get('samples'))} samples: logits diff "
+            f"{_fmt(d.get('max_logits_diff'))}, loss diff {_fmt(d.get('max_loss_diff'))} "
+            f"(tolerance {_fmt(d.get('tolerance'))}); 2D-mask control "
+            f"{_fmt(d.get('control_min_logits_leak'))}"
+        )
     return ""
 
 
 def verify_table(result: VerifyResult) -> Table:
     verdict = "[bold green]passed[/]" if result.ok else "[bold red]FAILED[/]"
+    attention = result.checks.get("attention")
+    if attention is None or not attention.ran:
+        verdict += " [yellow](attention not checked)[/]"
     table = Table(
         title=f"packer verify → {result.output}: {verdict}", title_justify="left", show_header=True
     )

@@ -49,7 +49,7 @@ class CheckResult:
 
     def to_dict(self) -> dict:
         out = {
-            "ok": self.ok,
+            "ok": self.ok if self.ran else None,  # a check that did not run did not pass
             "ran": self.ran,
             **self.details,
             "failure_count": self.failure_count,
@@ -84,6 +84,7 @@ class VerifyResult:
             "output": self.output,
             "seconds": round(self.seconds, 3),
             "failure_count": self.failure_count,
+            "not_run": [name for name, c in self.checks.items() if not c.ran],
             "checks": {name: c.to_dict() for name, c in self.checks.items()},
         }
 
