@@ -389,10 +389,12 @@ def reference_loss(model, samples, rows) -> float:
 
 
 def model_loss(model, batch) -> float:
+    """The loss as a trainer computes it: HF Trainer and TRL call the model with use_cache=False
+    (with the default cache, transformers skips its packed-sample detection and leaks)."""
     import torch
 
     with torch.no_grad():
-        return model(**batch).loss.item()
+        return model(**{**batch, "use_cache": False}).loss.item()
 
 
 @pytest.mark.parametrize("pad", [False, True])
