@@ -9,8 +9,9 @@ from typing import Optional
 
 import typer
 
-from packer.cli import DEBUG, JSON, app, user_errors
+from packer.cli import DEBUG, JSON, OFF, app, choices, user_errors
 from packer.errors import EXIT_FAILURE
+from packer.verify.attention import BACKENDS, DTYPES
 
 MAX_PRINTED = 10
 
@@ -26,13 +27,14 @@ def verify(
         "-i",
         metavar="INPUT",
         help="The packed source files (repeatable): every sample's tokens and labels must equal "
-        "the source's.",
+        "the source's. [default: none]",
     ),
     backend: str = typer.Option(
         "auto",
         "--backend",
         "-b",
-        help="Attention backend: auto, flash-attn, torch-varlen, flex or cpu. auto takes "
+        metavar=choices(("auto", *BACKENDS)),
+        help="Attention backend. auto takes "
         "flash-attn, else torch varlen (GPU), else FlexAttention (GPU), else the CPU reference.",
     ),
     rows: str = typer.Option(
@@ -46,13 +48,15 @@ def verify(
     dtype: Optional[str] = typer.Option(
         None,
         "--dtype",
-        help="bf16, fp16 or fp32 (default: bf16 on a GPU backend, fp32 on the CPU).",
+        metavar=choices(DTYPES),
+        help="Attention dtype. [default: bf16 on a GPU backend, fp32 on the CPU]",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for the row pick, q/k/v and the model."),
     model_check: bool = typer.Option(
         False,
         "--model-check",
-        help="Also compare per-sample losses of a tiny random transformers model, packed vs alone.",
+        help="Also compare per-sample losses of a tiny random transformers model, packed vs "
+        f"alone. {OFF}",
     ),
     model_dir: Optional[Path] = typer.Option(
         None,
@@ -61,13 +65,13 @@ def verify(
         help="A local transformers checkpoint or config directory (config only: random "
         "weights): its model, in train mode through model(**model_inputs(batch)), must give "
         "every sample of the picked rows the same logits packed as alone. Nothing is "
-        "downloaded.",
+        "downloaded. [default: none]",
     ),
     no_attention: bool = typer.Option(
         False,
         "--no-attention",
         help="Run the structure, manifest and input checks alone (no torch needed); the "
-        "attention and model checks are reported as not run.",
+        f"attention and model checks are reported as not run. {OFF}",
     ),
     json_out: bool = JSON,
     debug: bool = DEBUG,
