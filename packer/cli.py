@@ -56,9 +56,12 @@ def main(
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
+    from rich.markup import escape
+
     from packer.report import stderr
 
-    stderr.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # escaped: a message may hold brackets (packer[ray], a file name) that are not markup
+    stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
