@@ -67,6 +67,7 @@ DEFAULT_BLOCK_SIZE = 64 << 20  # `--engine ray` without --block-size
 # with every block's tails. 1/512 of L keeps the rows within 0.01 % of one global plan on the
 # benchmarks of docs/scale.md while moving a few percent of the tokens.
 TAIL_FREE = 512
+TAIL_GROUP = 1024  # blocks whose tails are planned together (and read by one tail task at most)
 WORK = ".blocks"  # inside the temporary output: spill files and task work directories
 _SCAN_CHUNK = 16 << 20
 _DECREASING = ("bfd", "ffd", "histogram")
@@ -714,36 +715,36 @@ def _global_rows(hist: np.ndarray | None, cfg: PackConfig) -> int | None:
 def tail_tasks(
     results: list[BlockResult], cfg: PackConfig, num_blocks: int, width: int
 ) -> tuple[list[TailTask], int, int]:
-    """Plan every spilled segment together; (tasks, tail rows, tokens moved)."""
-    blocks = np.concatenate(
-        [np.full(r.tail_lengths.size, r.block, np.int64) for r in results]
-        or [np.zeros(0, np.int64)]
-    )
-    positions = np.concatenate(
-        [np.arange(r.tail_lengths.size, dtype=np.int64) for r in results] or [np.zeros(0, np.int64)]
-    )
-    lengths = np.concatenate([r.tail_lengths for r in results] or [np.zeros(0, np.int64)])
-    if lengths.size == 0:
-        return [], 0, 0
-    pl = plan(lengths, cfg.max_len, cfg.strategy, seed=block_seed(cfg.seed, num_blocks))
+    """Plan the spilled segments of every `TAIL_GROUP` consecutive blocks together.
+
+    Returns (tasks, tail rows, tokens moved). Grouping bounds how many spill files one tail
+    task opens; a group of 1024 blocks packs as well as all of them at once.
+    """
+    groups: dict[int, list[BlockResult]] = {}
+    for r in results:
+        if r.tail_lengths.size:
+            groups.setdefault(r.block // TAIL_GROUP, []).append(r)
     per_shard = cfg.rows_per_shard()
-    tasks = []
-    n_shards = -(-pl.num_rows // per_shard)
-    digits = max(5, len(str(n_shards - 1)))
-    for k, a in enumerate(range(0, pl.num_rows, per_shard)):
-        b = min(a + per_shard, pl.num_rows)
-        sel = pl.order[pl.row_starts[a] : pl.row_starts[b]]
-        tasks.append(
-            TailTask(
-                shard=k,
-                blocks=blocks[sel],
-                positions=positions[sel],
-                row_starts=pl.row_starts[a : b + 1] - pl.row_starts[a],
-                width=digits,
-                block_width=width,
-            )
+    parts, rows, moved = [], 0, 0
+    for g, members in sorted(groups.items()):
+        blocks = np.concatenate([np.full(r.tail_lengths.size, r.block, np.int64) for r in members])
+        positions = np.concatenate(
+            [np.arange(r.tail_lengths.size, dtype=np.int64) for r in members]
         )
-    return tasks, pl.num_rows, int(lengths.sum())
+        lengths = np.concatenate([r.tail_lengths for r in members])
+        pl = plan(lengths, cfg.max_len, cfg.strategy, seed=block_seed(cfg.seed, num_blocks + g))
+        rows += pl.num_rows
+        moved += int(lengths.sum())
+        for a in range(0, pl.num_rows, per_shard):
+            b = min(a + per_shard, pl.num_rows)
+            sel = pl.order[pl.row_starts[a] : pl.row_starts[b]]
+            parts.append((blocks[sel], positions[sel], pl.row_starts[a : b + 1] - pl.row_starts[a]))
+    digits = max(5, len(str(max(len(parts) - 1, 0))))
+    tasks = [
+        TailTask(k, blk, pos, starts, width=digits, block_width=width)
+        for k, (blk, pos, starts) in enumerate(parts)
+    ]
+    return tasks, rows, moved
 
 
 def pack_blocks(

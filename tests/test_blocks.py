@@ -172,3 +172,23 @@ def test_import_and_local_engine_never_import_ray(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "ok"
+
+
+def test_tails_of_block_groups_are_planned_apart(cli, tmp_path, monkeypatch):
+    """With groups of 4 blocks, each tail shard only reads its group's spills; all is packed."""
+    import packer.blocks
+
+    samples = make_samples(500, seed=4, median=50)
+    write_jsonl(tmp_path / "a.jsonl", samples)
+    args = ["-L", "256", "--overlength", "split", "--block-size", "6KiB", "--shard-rows", "8"]
+    r = cli("pack", tmp_path / "a.jsonl", "-o", tmp_path / "all", *args, "--json")
+    assert r.exit_code == 0, r.output
+    together = json.loads(r.stdout)
+    monkeypatch.setattr(packer.blocks, "TAIL_GROUP", 4)
+    r = cli("pack", tmp_path / "a.jsonl", "-o", tmp_path / "grouped", *args, "--json")
+    assert r.exit_code == 0, r.output
+    grouped = json.loads(r.stdout)
+    assert grouped["blocks"] > 12 and grouped["tokens_moved"] == together["tokens_moved"]
+    assert grouped["tail_rows"] >= together["tail_rows"]
+    assert check_provenance(tmp_path / "grouped", samples) == grouped["segments"]
+    assert read_shards(tmp_path / "grouped").num_rows == grouped["rows"]
