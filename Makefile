@@ -21,7 +21,7 @@ demo: setup
 	$(BIN)/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite
 
 test: setup
-	$(BIN)/python -m pytest -n 2 -q
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 lint: setup
 	$(BIN)/ruff check packer tests scripts

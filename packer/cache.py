@@ -61,16 +61,17 @@ _UNITS = {
 BATCH_BYTES = 32 << 20  # decoded bytes per streamed batch (at most; a Parquet row group bounds it)
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes in "2GiB", "512MB", "1.5g" or a plain integer."""
+def parse_size(text: str | int, option: str = "--memory-budget", minimum: int = 1 << 20) -> int:
+    """Bytes in "2GiB", "512MB", "1.5g" or a plain integer (`option` names it in errors)."""
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"--memory-budget must be a size such as 2GiB or 512MB, got {text!r}")
+        raise UsageError(f"{option} must be a size such as 2GiB or 512MB, got {text!r}")
     value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value < 1 << 20:
-        raise UsageError(f"--memory-budget {text} is too small (at least 1MiB)")
+    if value < minimum:
+        least = f"{minimum >> 20}MiB" if minimum % (1 << 20) == 0 else f"{minimum} bytes"
+        raise UsageError(f"{option} {text} is too small (at least {least})")
     return value
 
 

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from packer import __version__
-from packer.config import ON_ERROR
+from packer.config import ENGINES, ON_ERROR
 from packer.errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -230,6 +230,29 @@ def pack(
         "memory-mapped cache and packed out of core. [default: min(8GiB, half of available "
         "memory)]",
     ),
+    block_size: Optional[str] = typer.Option(
+        None,
+        "--block-size",
+        help="Cut the inputs into blocks of about this many input bytes (e.g. 64MiB; blocks "
+        "follow files, Parquet row groups, JSONL lines), plan each block, then pack every "
+        "block's under-filled tail rows together. Part of the output's identity: both engines "
+        "give the same bytes for the same value. "
+        + config_default("none, one global plan; 64MiB with --engine ray"),
+    ),
+    engine: Optional[str] = typer.Option(
+        None,
+        "--engine",
+        metavar=choices(ENGINES),
+        help="Where the work runs: local (this process) or ray (Ray tasks, one per block; "
+        f"needs packer[ray]). The output is the same. {config_default('local')}",
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None,
+        "--ray-address",
+        help="With --engine ray: auto, host:port or ray://host:port joins that cluster (the "
+        "output must be on storage every node sees). "
+        + config_default("none: start a local Ray with --workers CPUs"),
+    ),
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -255,6 +278,9 @@ def pack(
                 "shard_rows": shard_rows,
                 "on_error": on_error,
                 "hash": hash_,
+                "block_size": block_size,
+                "engine": engine,
+                "ray_address": ray_address,
             },
         )
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():

@@ -15,6 +15,10 @@ from packer.hashing import ALGORITHMS
 from packer.overlength import POLICIES
 
 ON_ERROR = ("error", "skip")
+ENGINES = ("local", "ray")
+# Where a run executes, not what it produces: left out of the manifest, so that both engines
+# write the same bytes and a manifest's config reruns on either.
+RUNTIME_FIELDS = ("engine", "ray_address")
 
 TARGET_SHARD_TOKENS = 1 << 24  # ~16M tokens: ~200 MB of int32 columns per shard
 
@@ -33,6 +37,11 @@ class PackConfig:
     shard_rows: int | None = None  # None: as many rows as hold ~16M tokens
     on_error: str = "error"  # bad samples: "error" stops at the first, "skip" leaves them out
     hash: str = "xxh3_128"  # content hash of each shard in the manifest (or "sha256")
+    # Input bytes per block (see packer.blocks); None: one global plan. Part of the output's
+    # identity: both engines cut the same blocks from the same value.
+    block_size: int | None = None
+    engine: str = "local"  # "local" or "ray"
+    ray_address: str | None = None  # None: start a local Ray; "auto", host:port or ray://...
 
     def rows_per_shard(self) -> int:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
@@ -68,10 +77,32 @@ class PackConfig:
             raise UsageError(f"--seed must be non-negative, got {self.seed}")
         if not self.input_column:
             raise UsageError("--input-column must not be empty")
+        if self.engine not in ENGINES:
+            raise UsageError(f"unknown --engine '{self.engine}' (choose from {', '.join(ENGINES)})")
+        if isinstance(self.block_size, str):
+            from packer.cache import parse_size
+
+            self.block_size = parse_size(self.block_size, "--block-size", minimum=1)
+        if self.block_size is not None and (
+            not isinstance(self.block_size, int) or self.block_size < 1
+        ):
+            raise UsageError(f"--block-size must be a positive size, got {self.block_size!r}")
+        if self.ray_address is not None and self.engine != "ray":
+            raise UsageError("--ray-address needs --engine ray")
         return self
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The configuration recorded in the manifest: what shapes the output, nothing else.
+
+        The engine and its address are left out (they never change the bytes); `block_size` is
+        recorded only when set, so one-global-plan manifests are as before.
+        """
+        values = asdict(self)
+        for name in RUNTIME_FIELDS:
+            del values[name]
+        if values["block_size"] is None:
+            del values["block_size"]
+        return values
 
 
 FIELDS = {f.name: f for f in fields(PackConfig)}
@@ -107,7 +138,14 @@ def load_yaml(path: str | Path) -> dict:
 
 def _coerce(name: str, value, path: Path):
     kind = FIELDS[name].type
-    expected = {"int": int, "int | None": int, "bool": bool, "str": str}[kind]
+    if name == "block_size" and isinstance(value, str):  # a size such as 64MiB
+        from packer.cache import parse_size
+
+        try:
+            return parse_size(value, "block_size", minimum=1)
+        except UsageError as exc:
+            raise UsageError(exc.problem, where=str(path)) from None
+    expected = {"int": int, "int | None": int, "bool": bool, "str": str, "str | None": str}[kind]
     if value is None and "None" in kind:
         return None
     ok = isinstance(value, expected) and not (expected is int and isinstance(value, bool))

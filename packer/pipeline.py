@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +25,7 @@ from packer.cache import (
     stream_samples,
 )
 from packer.config import PackConfig
-from packer.errors import OutputError
+from packer.errors import OutputError, UsageError
 from packer.jit import start_warming
 from packer.overlength import Segments, resolve
 from packer.planning import Plan, lower_bound, plan
@@ -55,6 +55,7 @@ class PackResult:
     seconds: float
     timings: dict = field(default_factory=dict)
     skipped_inputs: list[str] = field(default_factory=list)  # packer outputs left out
+    engine: str = "local"
 
     def report(self) -> dict:
         """The machine-readable summary printed by `packer pack --json`."""
@@ -64,6 +65,7 @@ class PackResult:
             "shards": len(self.shards),
             "output": str(self.output),
             "skipped_inputs": self.skipped_inputs,
+            "engine": self.engine,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 
@@ -211,6 +213,8 @@ def pack(
     memory_budget: int | str | None = None,
     out_of_core: bool | None = None,
     repack: bool = False,
+    engine: str | None = None,
+    ray_address: str | None = None,
 ) -> PackResult:
     """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
 
@@ -220,13 +224,20 @@ def pack(
     Packer outputs are never read as samples (their rows are already packed): inside
     directories and globs they are skipped, named directly they are refused. `repack=True`
     reads one packer output back into its original samples instead (see `packer.repack`).
+
+    With `config.block_size` or `engine="ray"` the block pipeline runs (`packer.blocks`): both
+    engines write the same bytes for the same configuration.
     """
     t0 = time.perf_counter()
-    cfg = config.validate()
+    runtime = {"engine": engine, "ray_address": ray_address}
+    cfg = replace(config, **{k: v for k, v in runtime.items() if v is not None}).validate()
     workers = configure_workers(workers)
     out = Path(output_dir)
     output.check_target(out, overwrite)
     timings = {}
+    blocks = cfg.block_size is not None or cfg.engine != "local"
+    if repack and blocks:
+        raise UsageError("--repack runs on the local engine with one global plan (no --block-size)")
     if repack:
         from packer.repack import check_repack_inputs, read_packed
 
@@ -238,6 +249,21 @@ def pack(
 
     skipped: list[Path] = []
     inputs = expand_inputs(inputs, skip=out, skipped=skipped)
+    if blocks:
+        from packer.blocks import pack_blocks
+
+        result = pack_blocks(
+            inputs,
+            out,
+            cfg,
+            overwrite=overwrite,
+            progress=progress,
+            workers=workers,
+            budget=parse_size(memory_budget) if memory_budget is not None else default_budget(),
+            t0=t0,
+        )
+        result.skipped_inputs = [str(p) for p in skipped]
+        return result
     on_file, on_bytes = _read_progress(inputs, progress)
 
     budget = parse_size(memory_budget) if memory_budget is not None else default_budget()

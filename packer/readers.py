@@ -283,7 +283,11 @@ def jsonl_line_numbers(path: Path) -> np.ndarray:
 
 
 def _read_jsonl_by_lines(path: Path, columns: list[str]) -> RawTable:
-    data = _read_bytes(path)
+    return parse_jsonl_lines(_read_bytes(path), columns)
+
+
+def parse_jsonl_lines(data: bytes, columns: list[str]) -> RawTable:
+    """JSON lines parsed line by line where needed: every bad line found, good ones kept."""
     starts, ends, numbers = _line_spans(data)
     schema = _json_schema(columns)
     whole = pa.py_buffer(data)

@@ -45,7 +45,23 @@ def pack_table(report: dict, max_len: int) -> Table:
                 ("rows of one global plan", f"{report['global_rows']:,}"),
                 ("window cost", f"{100 * report['window_cost']:+.3f} %"),
             )
-            if "global_rows" in report
+            if "window_cost" in report
+            else ()
+        ),
+        *(
+            (
+                ("blocks", f"{report['blocks']:,}"),
+                ("tokens moved (tail rows)", f"{report['tokens_moved']:,}"),
+            )
+            if "blocks" in report
+            else ()
+        ),
+        *(
+            (
+                ("rows of one global plan", f"{report['global_rows']:,}"),
+                ("block cost", f"{100 * report['block_cost']:+.4f} %"),
+            )
+            if "block_cost" in report
             else ()
         ),
         ("efficiency", f"{100 * report['efficiency']:.3f} %"),

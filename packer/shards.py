@@ -154,8 +154,12 @@ def write_shards(
     out_dir: Path,
     progress: Progress | None = None,
     workers: int | None = None,
+    names: Callable[[int], str] | None = None,
 ) -> list[dict]:
-    """Write every shard of the plan into `out_dir`; return their manifest entries in order."""
+    """Write every shard of the plan into `out_dir`; return their manifest entries in order.
+
+    names: the file name of shard i (default `shard-00000.arrow`, ...).
+    """
     bounds = batch_bounds(pl, cfg)
     num_shards = bounds[-1][0] + 1 if bounds else 0
     width = max(5, len(str(num_shards)))
@@ -176,7 +180,7 @@ def write_shards(
         try:
             shard, _, _ = bounds[k]
             if state["shard"] != shard:
-                name = f"shard-{shard:0{width}d}.arrow"
+                name = names(shard) if names else f"shard-{shard:0{width}d}.arrow"
                 state["shard"], state["writer"] = shard, open_shard(out_dir / name, cfg.hash)
             writer = state["writer"]
             writer.add(

@@ -1,0 +1,46 @@
+"""Engines: where the block pipeline's tasks run (`packer.blocks` holds what they do).
+
+An engine only maps a stage function over its calls and returns the results in call order; the
+first failure cancels the rest and is raised as the task raised it. `local` runs the calls in
+this process, one after another; `ray` runs each as a Ray task on a cluster. Another engine
+(Spark, Dask) is one more module with the same three methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, Protocol
+
+from packer.config import PackConfig
+
+
+class Engine(Protocol):
+    def map(
+        self,
+        fn: Callable,
+        calls: Sequence[tuple],
+        on_done: Callable[[int], None] | None = None,
+    ) -> list[Any]:
+        """fn(*call) for every call, results in call order; on_done(i) as each one finishes."""
+
+    def task_workers(self, workers: int) -> int:
+        """Threads one task may use."""
+
+    def close(self) -> None: ...
+
+
+@contextmanager
+def open_engine(cfg: PackConfig, workers: int) -> Iterator[Engine]:
+    if cfg.engine == "ray":
+        from packer.engines.ray import RayEngine
+
+        engine = RayEngine(cfg.ray_address, workers)
+    else:
+        from packer.engines.local import LocalEngine
+
+        engine = LocalEngine()
+    try:
+        yield engine
+    finally:
+        engine.close()

@@ -1,0 +1,154 @@
+"""`packer pack --engine ray` on a real multi-node Ray cluster (ray.cluster_utils.Cluster).
+
+Three raylets of one CPU each run on this machine; the tests join them with --ray-address and
+check that the output is byte for byte the local engine's, that a worker killed mid-task is
+retried without a trace, that bad input fails like the local engine and leaves nothing, and that
+`packer verify` passes on what Ray wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import make_samples, to_table, write_jsonl
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one cluster per test process: keep them together
+
+BLOCK = "24KiB"
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False},
+    )
+    for _ in range(2):
+        c.add_node(num_cpus=1, object_store_memory=80 << 20)
+    c.wait_for_nodes()
+    yield c.address
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """Three Parquet files (row groups of 40 rows) and three JSONL files, all with labels."""
+    d = tmp_path_factory.mktemp("inputs")
+    for i in range(3):
+        pq.write_table(
+            to_table(make_samples(300, seed=i, median=50)), d / f"p{i}.parquet", row_group_size=40
+        )
+        write_jsonl(d / f"j{i}.jsonl", make_samples(250, seed=10 + i, median=50))
+    return d
+
+
+def outputs_equal(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def pack_args(inputs: Path, out: Path, *extra: str) -> list[str]:
+    return ["pack", str(inputs), "-o", str(out), "-L", "256", "--overlength", "split", *extra]
+
+
+def test_ray_output_is_the_local_output_and_verifies(cli, cluster, inputs, tmp_path):
+    local = tmp_path / "local"
+    on_ray = tmp_path / "ray"
+    r = cli(*pack_args(inputs, local, "--block-size", BLOCK, "--json"))
+    assert r.exit_code == 0, r.output
+    r = cli(*pack_args(inputs, on_ray, "--engine", "ray", "--ray-address", cluster, "--json"))
+    # without --block-size, ray uses the default block size and records it
+    assert r.exit_code == 0, r.output
+    assert json.loads((on_ray / "manifest.json").read_text())["config"]["block_size"] == 64 << 20
+    on_ray2 = tmp_path / "ray2"
+    r = cli(
+        *pack_args(
+            inputs, on_ray2, "--engine", "ray", "--ray-address", cluster, "--block-size", BLOCK
+        ),
+        "--json",
+    )
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["engine"] == "ray" and report["blocks"] > 20
+    assert report["tokens_moved"] > 0 and report["rows"] <= report["global_rows"] + 1
+    outputs_equal(local, on_ray2)
+    manifest = json.loads((on_ray2 / "manifest.json").read_text())
+    assert "engine" not in manifest["config"] and manifest["config"]["block_size"] == 24 << 10
+    assert sorted(s["file"] for s in manifest["shards"]) == [s["file"] for s in manifest["shards"]]
+
+    r = cli("verify", on_ray2, "-i", inputs, "--rows", "1", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["ok"]
+
+
+def test_a_killed_worker_is_retried_and_the_bytes_do_not_change(
+    cli, cluster, inputs, tmp_path, monkeypatch
+):
+    local = tmp_path / "local"
+    r = cli(*pack_args(inputs, local, "--block-size", BLOCK))
+    assert r.exit_code == 0, r.output
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv("PACKER_FAULT_KILL_ONCE", str(marker))  # forwarded to the workers
+    on_ray = tmp_path / "ray"
+    r = cli(
+        *pack_args(inputs, on_ray, "--engine", "ray", "--ray-address", cluster),
+        "--block-size",
+        BLOCK,
+    )
+    assert r.exit_code == 0, r.output
+    assert marker.exists()  # a block task did kill its own worker process
+    outputs_equal(local, on_ray)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_bad_input_fails_like_the_local_engine_and_leaves_nothing(cli, cluster, tmp_path):
+    d = tmp_path / "in"
+    d.mkdir()
+    samples = make_samples(400, seed=3, median=50)
+    write_jsonl(d / "a.jsonl", samples[:200])
+    text = "".join(json.dumps(s) + "\n" for s in samples[200:])
+    lines = text.splitlines(keepends=True)
+    lines[150] = '{"input_ids": [1, 2, "x"]}\n'  # line 151 of b.jsonl, in a later block
+    (d / "b.jsonl").write_text("".join(lines))
+    local = cli(*pack_args(d, tmp_path / "local", "--block-size", BLOCK))
+    on_ray = cli(*pack_args(d, tmp_path / "ray", "--engine", "ray", "--ray-address", cluster))
+    assert local.exit_code == on_ray.exit_code == 1
+    assert on_ray.stderr.count("\n") == 1 and "b.jsonl: line 151" in on_ray.stderr
+    assert on_ray.stderr == local.stderr
+    plain = cli(*pack_args(d, tmp_path / "plain"))  # one global plan names the same line
+    assert plain.stderr == local.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_unreachable_address_is_one_line_and_writes_nothing(cli, tmp_path, inputs):
+    r = cli(*pack_args(inputs, tmp_path / "out", "--engine", "ray", "--ray-address", "127.0.0.1:9"))
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: cannot reach a Ray cluster at 127.0.0.1:9")
+    assert r.stderr.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_without_ray_installed_the_ray_engine_is_one_line_and_writes_nothing(tmp_path, inputs):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"  # `import ray` now raises ImportError
+        "from packer.cli import run\n"
+        f"sys.argv = ['packer', 'pack', {str(inputs)!r}, '-o', {str(tmp_path / 'out')!r}, "
+        "'-L', '256', '--overlength', 'split', '--engine', 'ray']\n"
+        "run()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 2
+    assert r.stderr == (
+        "error: --engine ray needs Ray, which is not installed: pip install 'packer[ray]'\n"
+    )
+    assert list(tmp_path.iterdir()) == []
