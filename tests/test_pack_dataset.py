@@ -25,7 +25,7 @@ datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()
 
 CONTRACT = [f.name for f in SCHEMA]
-REPORT_ONLY = ("seconds", "shards", "output", "timings", "skipped_inputs")  # about files, time
+REPORT_ONLY = ("seconds", "shards", "output", "timings", "skipped_inputs", "engine")
 
 
 def cli_pack(cli, tmp_path, samples, *flags, name="out"):
