@@ -306,6 +306,7 @@ class BlockResult:
     hist: tuple[np.ndarray, np.ndarray]  # (segment lengths, counts)
     seconds: float
     version: str = __version__
+    split_labels: np.ndarray | None = None  # pipeline.split_points of the block
 
 
 def _block_bytes(spec: BlockSpec) -> bytes:
@@ -451,6 +452,7 @@ def spill_path(tmp: Path, block: int, width: int) -> Path:
 
 def pack_block(spec: BlockSpec, cfg: PackConfig, tmp: str, workers: int) -> BlockResult:
     """Stage 2 for one block: read, validate, resolve, plan, write full rows, spill tails."""
+    from packer.pipeline import split_points  # pipeline dispatches to this module
     from packer.workers import configure
 
     t0 = time.perf_counter()
@@ -532,6 +534,7 @@ def pack_block(spec: BlockSpec, cfg: PackConfig, tmp: str, workers: int) -> Bloc
         tail_lengths=spill,
         hist=(lengths.astype(np.int64), counts.astype(np.int64)),
         seconds=time.perf_counter() - t0,
+        split_labels=split_points(samples, segs),
     )
 
 
@@ -760,7 +763,13 @@ def pack_blocks(
 ):
     """Run the block pipeline on the configured engine; the atomic commit stays here."""
     from packer.engines import open_engine
-    from packer.pipeline import MANIFEST, REJECTS, PackResult, build_manifest
+    from packer.pipeline import (
+        MANIFEST,
+        REJECTS,
+        PackResult,
+        build_manifest,
+        write_split_labels,
+    )
 
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
@@ -836,8 +845,17 @@ def pack_blocks(
                     cfg.hash,
                 )
                 assert rejects["file"] == REJECTS
+            points = [r.split_labels for r in results if r.split_labels is not None]
+            split_labels = write_split_labels(
+                np.concatenate(points) if points else None, tmp, cfg.hash
+            )
             manifest = build_manifest(
-                cfg, types.SimpleNamespace(sources=sources), stats, shards, rejects
+                cfg,
+                types.SimpleNamespace(sources=sources),
+                stats,
+                shards,
+                rejects,
+                split_labels=split_labels,
             )
             with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
                 json.dump(manifest, fh, indent=2, sort_keys=True)

@@ -173,12 +173,12 @@ def _write_rejects(samples: Samples, tmp: Path, algorithm: str) -> dict:
     }
 
 
-def _write_split_labels(samples: Samples, segs, tmp: Path, algorithm: str) -> dict | None:
-    """split_labels.jsonl: the source label at every split point after a sample's first piece.
+def split_points(samples: Samples, segs) -> np.ndarray | None:
+    """(sample_index, sample_offset, source label) of every split point after a sample's first
+    piece, int64 [k, 3] in sample order; None when there are none or no labels column.
 
     A packed row labels the first token of every segment -100, so a split point loses the
-    source's label there; this small file keeps it, and `--repack` puts it back. Written only
-    when samples with a labels column were split.
+    source's label there; `split_labels.jsonl` keeps it and `--repack` puts it back.
     """
     if not samples.has_labels:
         return None
@@ -186,17 +186,22 @@ def _write_split_labels(samples: Samples, segs, tmp: Path, algorithm: str) -> di
     if pieces.size == 0:
         return None
     labels = samples.labels_at(segs.start[pieces])
+    return np.stack([segs.sample[pieces], segs.offset[pieces], labels]).T.astype(np.int64)
+
+
+def write_split_labels(points: np.ndarray | None, tmp: Path, algorithm: str) -> dict | None:
+    """split_labels.jsonl from `split_points` (written only when there are split points)."""
+    if points is None or len(points) == 0:
+        return None
     path = tmp / SPLIT_LABELS
     with open(path, "w", encoding="utf-8") as fh:
         fh.writelines(
             f'{{"label": {lab}, "sample_index": {s}, "sample_offset": {o}}}\n'
-            for lab, s, o in zip(
-                labels.tolist(), segs.sample[pieces].tolist(), segs.offset[pieces].tolist()
-            )
+            for s, o, lab in points.tolist()
         )
     return {
         "file": SPLIT_LABELS,
-        "count": int(pieces.size),
+        "count": len(points),
         "bytes": path.stat().st_size,
         algorithm: hashing.file_digest(path, algorithm),
     }
@@ -375,7 +380,7 @@ def _pack_samples(
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows)
         rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
-        split_labels = _write_split_labels(samples, segs, tmp, cfg.hash)
+        split_labels = write_split_labels(split_points(samples, segs), tmp, cfg.hash)
         manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from, split_labels)
         # The manifest is written last: a directory with shards but no manifest is never complete.
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:

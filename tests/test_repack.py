@@ -294,3 +294,24 @@ def test_split_labels_are_the_same_out_of_core(tmp_path: Path):
     assert (tmp_path / "mem" / "manifest.json").read_bytes() == (
         tmp_path / "ooc" / "manifest.json"
     ).read_bytes()
+
+
+def test_block_pipeline_keeps_split_labels_like_one_plan(tmp_path: Path):
+    """The block pipeline (the Ray engine's, run locally) records the same split labels, so
+    its outputs re-pack the same way."""
+    files = []
+    for k in range(3):
+        files.append(
+            write_jsonl(tmp_path / f"s{k}.jsonl", make_samples(150, seed=20 + k, median=150))
+        )
+    cfg = packer.PackConfig(max_len=100, overlength="split")
+    packer.pack(files, tmp_path / "one", cfg)
+    blocks = packer.PackConfig(max_len=100, overlength="split", block_size=8192)
+    result = packer.pack(files, tmp_path / "blocks", blocks)
+    assert result.stats["blocks"] > 3
+    one = (tmp_path / "one" / "split_labels.jsonl").read_bytes()
+    assert one and one == (tmp_path / "blocks" / "split_labels.jsonl").read_bytes()
+    big = packer.PackConfig(max_len=1000, overlength="split")
+    packer.pack([tmp_path / "blocks"], tmp_path / "re", big, repack=True)
+    packer.pack(files, tmp_path / "direct", big)
+    assert shard_bytes(tmp_path / "re") == shard_bytes(tmp_path / "direct")
