@@ -104,6 +104,13 @@ def test_shard_bytes(cli, packed, tmp_path):
     code, report = structural(cli, out)
     assert code == 1
     assert messages(report) == [f"{entry['file']}: {real} bytes, the manifest says {real + 1}"]
+    # --no-attention: the torch checks are listed as not run, with the reason
+    assert report["not_run"] == ["input", "attention", "negative_control", "model", "user_model"]
+    assert report["checks"]["input"]["skipped_reason"] == "no --input given"
+    for name in report["not_run"][1:]:
+        body = report["checks"][name]
+        assert (body["ran"], body["ok"]) == (False, None)
+        assert body["skipped_reason"] == "--no-attention was given"
 
 
 @pytest.mark.parametrize("key", ["rows", "tokens", "segments", "loss_tokens"])
