@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 import test_verify_cli
 from conftest import make_samples, read_shards, write_jsonl
@@ -29,6 +30,8 @@ from test_verify_cli import (
 
 import packer
 import packer.output as output_mod
+from packer.hashing import file_digest
+from packer.writer import SCHEMA
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -104,6 +107,13 @@ def test_shard_bytes(cli, packed, tmp_path):
     code, report = structural(cli, out)
     assert code == 1
     assert messages(report) == [f"{entry['file']}: {real} bytes, the manifest says {real + 1}"]
+    # --no-attention: the torch checks are listed as not run, with the reason
+    assert report["not_run"] == ["input", "attention", "negative_control", "model", "user_model"]
+    assert report["checks"]["input"]["skipped_reason"] == "no --input given"
+    for name in report["not_run"][1:]:
+        body = report["checks"][name]
+        assert (body["ran"], body["ok"]) == (False, None)
+        assert body["skipped_reason"] == "--no-attention was given"
 
 
 @pytest.mark.parametrize("key", ["rows", "tokens", "segments", "loss_tokens"])
@@ -539,3 +549,51 @@ def test_padding_totals_over_several_shards(cli, tmp_path):
     assert code == 0
     assert report["checks"]["structure"]["pad_tokens"] == stats["pad_tokens"]
     assert report["checks"]["structure"]["tokens"] == stats["tokens"]
+
+
+def test_rows_are_numbered_across_record_batches(cli, packed, tmp_path):
+    """A shard of several record batches: a fault in a later batch is named by its row in the
+    shard file, and a missing shard does not stop the others from being checked."""
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    name = manifest["shards"][0]["file"]
+    rows = load_shard(out / name)
+    rows[7]["position_ids"][0] = 3  # in the third batch
+    table = pa.Table.from_pylist(rows, schema=SCHEMA)
+    with pa.OSFile(str(out / name), "wb") as sink, pa.ipc.new_stream(sink, SCHEMA) as writer:
+        for batch in table.to_batches(max_chunksize=3):  # batches of rows 0-2, 3-5, 6-7
+            writer.write_batch(batch)
+    manifest["shards"][0]["xxh3_128"] = file_digest(out / name)
+    manifest["shards"][0]["bytes"] = (out / name).stat().st_size
+    missing = manifest["shards"][1]
+    (out / missing["file"]).unlink()
+    write_manifest(out, manifest)
+    code, report = run_verify(cli, out, "--no-attention")
+    assert code == 1
+    [structure] = [m for m in messages(report, "structure") if "position" in m]
+    assert structure.startswith(f"{name} row 7, sample ")
+    assert report["checks"]["structure"]["failures"][0]["row"] == 7
+    shards = manifest["shards"]
+    assert report["checks"]["structure"]["shards"] == len(shards) - 1
+    assert report["checks"]["structure"]["rows"] == sum(s["rows"] for s in shards) - missing["rows"]
+
+
+def test_manifest_errors_are_usage_errors(cli, packed, tmp_path):
+    res = cli("verify", tmp_path / "nothing")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {tmp_path / 'nothing'}: not a directory"
+    out = copy_output(packed[0], tmp_path / "bad")
+    (out / "manifest.json").write_text("{")
+    res = cli("verify", out)
+    assert res.exit_code == 2
+    assert res.stderr.startswith(
+        f"error: {out / 'manifest.json'}: manifest.json is not valid JSON ("
+    )
+    (out / "manifest.json").write_text('{"shards": {}}')
+    res = cli("verify", out)
+    assert res.stderr.strip() == (
+        f"error: {out / 'manifest.json'}: manifest.json has no 'shards' list"
+    )
+    (out / "manifest.json").unlink()
+    res = cli("verify", out)
+    assert res.stderr.strip() == f"error: {out}: no manifest.json: not a packer output"
