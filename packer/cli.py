@@ -139,7 +139,7 @@ def pack(
         None,
         "--strategy",
         metavar=choices(STRATEGIES),
-        help=f"Packing strategy (see the README's Strategies). {config_default('bfd')}",
+        help=f"Packing strategy (see docs/strategies.md). {config_default('bfd')}",
     ),
     overlength: Optional[str] = typer.Option(
         None,

@@ -1,5 +1,5 @@
-"""The README cannot drift from the CLI: every option of every command is documented, and every
-documented option exists."""
+"""The CLI reference (docs/cli.md) cannot drift from the CLI: every option of every command is
+documented, and every documented option exists."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import typer
 
 from packer.cli import app
 
-README = (Path(__file__).parent.parent / "README.md").read_text()
+CLI_DOC = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
 COMMANDS = typer.main.get_command(app).commands
 
 
@@ -24,8 +24,8 @@ def cli_options(name: str) -> set[str]:
 
 
 def readme_section(name: str) -> str:
-    match = re.search(rf"^### packer {name}\n(.*?)(?=^#{{1,3}} |\Z)", README, re.M | re.S)
-    assert match, f"README has no '### packer {name}' section in its CLI reference"
+    match = re.search(rf"^### packer {name}\n(.*?)(?=^#{{1,3}} |\Z)", CLI_DOC, re.M | re.S)
+    assert match, f"docs/cli.md has no '### packer {name}' section"
     return match.group(1)
 
 
@@ -38,7 +38,7 @@ def test_readme_documents_every_option(name):
         for opt in re.findall(r"`(--[a-z0-9-]+(?:/--[a-z0-9-]+)?)`", cell):
             documented.update(opt.split("/"))
     assert documented == cli_options(name), (
-        f"README table for `packer {name}` is out of date: missing "
+        f"docs/cli.md table for `packer {name}` is out of date: missing "
         f"{sorted(cli_options(name) - documented)}, stale {sorted(documented - cli_options(name))}"
     )
 
@@ -47,4 +47,4 @@ def test_readme_documents_every_option(name):
 def test_readme_synopsis_matches_help(name):
     synopsis = re.search(r"```\n(packer .*?)```", readme_section(name), re.S).group(1)
     for opt in set(re.findall(r"(--[a-z0-9-]+)", synopsis)):
-        assert opt in cli_options(name), f"README synopsis names {opt}, which `{name}` lacks"
+        assert opt in cli_options(name), f"docs/cli.md synopsis names {opt}, which `{name}` lacks"

@@ -20,7 +20,7 @@ VOCAB = 1000
 
 def _snippets() -> dict[str, str]:
     """Runnable blocks (marked `<!-- runnable -->`) by the heading above them."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
     section = text[text.index("## Training on packed shards") :]
     blocks = {}
     heading = ""

@@ -9,7 +9,7 @@ Inside it, `import torch` is an absolute import and resolves to PyTorch, not to 
     sampler = PackedBatchSampler(ds, batch_size=4, seed=0)
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate_packed)
 
-See the README, "Training on packed shards", for the loops (plain PyTorch, Hugging Face Trainer,
+See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer,
 TRL) and `check_isolation`, which proves a model and its training call keep the samples apart.
 """
 

@@ -75,7 +75,7 @@ class IsolationReport:
 
 
 def default_forward(model: torch.nn.Module, batch: dict):
-    """The README loop's call: every model key of the batch, `use_cache=False`."""
+    """The training loop's call (docs/training.md): every model key of the batch, `use_cache=False`."""
     return model(**model_inputs(batch))
 
 

@@ -4,7 +4,7 @@ DIR is a local transformers checkpoint (weights are loaded) or a directory holdi
 `config.json` (the model is built from the config with random weights, seeded): nothing is ever
 downloaded. An `"attn_implementation"` key in config.json picks the attention (default:
 transformers' choice, sdpa where it can). Each picked row holding two or more samples goes through `check_isolation` as a
-one-row flatten batch, in train mode, through the README loop's call
+one-row flatten batch, in train mode, through the training loop's call (docs/training.md)
 `model(**model_inputs(batch))`: the config's own attention implementation and `use_cache`
 default are what is tested. A negative control runs the same row with a 2D `attention_mask`
 (which makes transformers treat the row as one sequence): the logits of the later samples must
