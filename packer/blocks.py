@@ -27,7 +27,6 @@ after its worker died writes the same bytes again.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -44,7 +43,7 @@ import pyarrow.parquet as pq
 
 from packer import __version__, algorithms, output
 from packer.config import PackConfig
-from packer.errors import InputError, OutputError, UsageError
+from packer.errors import InputError, UsageError
 from packer.overlength import Segments, resolve
 from packer.planning import Plan, lower_bound, martello_toth_bound, plan
 from packer.progress import open_input
@@ -764,7 +763,6 @@ def pack_blocks(
     """Run the block pipeline on the configured engine; the atomic commit stays here."""
     from packer.engines import open_engine
     from packer.pipeline import (
-        MANIFEST,
         REJECTS,
         PackResult,
         build_manifest,
@@ -791,13 +789,8 @@ def pack_blocks(
         specs = plan_blocks(scans)
         _check_memory(specs, budget)
         timings["scan"] = time.perf_counter() - t
-        try:
-            tmp = output.make_temp_dir(out)
-        except OSError as exc:
-            raise OutputError(
-                f"cannot create a temporary directory: {_os_reason(exc)}", where=str(out.parent)
-            ) from None
-        try:
+        tmp = output.start(out)
+        with output.building(tmp, out):
             t = time.perf_counter()
             total_bytes = sum(s.nbytes for s in specs) or 1
             done = [0]
@@ -857,19 +850,8 @@ def pack_blocks(
                 rejects,
                 split_labels=split_labels,
             )
-            with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
-                json.dump(manifest, fh, indent=2, sort_keys=True)
-                fh.write("\n")
-            output.commit(tmp, out, overwrite=overwrite)
+            output.finish(tmp, out, manifest, overwrite)
             timings["commit"] = time.perf_counter() - t
-        except OSError as exc:
-            output.discard(tmp)
-            raise OutputError(
-                f"cannot write the output: {_os_reason(exc)}; nothing was written", where=str(out)
-            ) from None
-        except BaseException:
-            output.discard(tmp)
-            raise
     seconds = [r.seconds for r in results]
     timings["block_task_median"] = float(np.median(seconds)) if seconds else 0.0
     timings["block_task_max"] = float(max(seconds, default=0.0))
@@ -966,8 +948,3 @@ def _stats(results, totals: _Totals, cfg: PackConfig, shards, tail_rows_, moved,
         stats["global_rows"] = global_rows
         stats["block_cost"] = round(rows / global_rows - 1, 6) if global_rows else 0.0
     return stats
-
-
-def _os_reason(exc: OSError) -> str:
-    text = exc.strerror or str(exc)
-    return f"{text} [{exc.filename}]" if exc.filename else text

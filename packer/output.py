@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 import shutil
 import signal
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from packer.errors import Terminated, UsageError
+from packer.errors import OutputError, Terminated, UsageError
 
 TMP_MARK = ".packer-tmp-"
 OLD_MARK = ".packer-old-"
@@ -267,3 +268,44 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def os_reason(exc: OSError) -> str:
+    text = exc.strerror or str(exc)
+    return f"{text} [{exc.filename}]" if exc.filename else text
+
+
+def start(output: Path) -> Path:
+    """The hidden temporary directory a run builds its output in (one line if it cannot)."""
+    try:
+        return make_temp_dir(output)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot create a temporary directory: {os_reason(exc)}", where=str(output.parent)
+        ) from None
+
+
+@contextmanager
+def building(tmp: Path, output: Path) -> Iterator[None]:
+    """Whatever fails while the output is built removes it; an OSError becomes one line."""
+    try:
+        yield
+    except OSError as exc:
+        discard(tmp)
+        raise OutputError(
+            f"cannot write the output: {os_reason(exc)}; nothing was written", where=str(output)
+        ) from None
+    except BaseException:
+        discard(tmp)
+        raise
+
+
+def finish(tmp: Path, output: Path, manifest: dict, overwrite: bool) -> None:
+    """Write the manifest, then put the output in place.
+
+    The manifest is written last: a directory with shards but no manifest is never complete.
+    """
+    with open(tmp / "manifest.json", "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    commit(tmp, output, overwrite=overwrite)

@@ -285,7 +285,8 @@ def pack(
                     cache_dir = make_cache_dir(out)
                 except OSError as exc:
                     raise OutputError(
-                        f"cannot create a cache directory: {_os_reason(exc)}", where=str(out.parent)
+                        f"cannot create a cache directory: {output.os_reason(exc)}",
+                        where=str(out.parent),
                     ) from None
                 samples = stream_samples(
                     inputs,
@@ -368,13 +369,8 @@ def _pack_samples(
         progress("plan", 1, 1)
 
     t = time.perf_counter()
-    try:
-        tmp = output.make_temp_dir(out)
-    except OSError as exc:
-        raise OutputError(
-            f"cannot create a temporary directory: {_os_reason(exc)}", where=str(out.parent)
-        ) from None
-    try:
+    tmp = output.start(out)
+    with output.building(tmp, out):
         shards = write_shards(samples, segs, pl, cfg, tmp, progress, workers)
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
@@ -382,28 +378,11 @@ def _pack_samples(
         rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
         split_labels = write_split_labels(split_points(samples, segs), tmp, cfg.hash)
         manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from, split_labels)
-        # The manifest is written last: a directory with shards but no manifest is never complete.
-        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
-            json.dump(manifest, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-        output.commit(tmp, out, overwrite=overwrite)
-    except OSError as exc:
-        output.discard(tmp)
-        raise OutputError(
-            f"cannot write the output: {_os_reason(exc)}; nothing was written", where=str(out)
-        ) from None
-    except BaseException:
-        output.discard(tmp)
-        raise
+        output.finish(tmp, out, manifest, overwrite)
     timings["write"] = time.perf_counter() - t
     return PackResult(
         output=out, stats=stats, shards=shards, seconds=time.perf_counter() - t0, timings=timings
     )
-
-
-def _os_reason(exc: OSError) -> str:
-    text = exc.strerror or str(exc)
-    return f"{text} [{exc.filename}]" if exc.filename else text
 
 
 def read_manifest(output_dir: str | Path) -> dict:
