@@ -32,11 +32,15 @@ format: setup
 	$(BIN)/ruff check --fix packer tests scripts
 
 bench: setup
-	$(BIN)/pip install -q lightbinpack trl "$(TORCH_PIN)"
+	$(BIN)/pip install -q -e ".[bench,ray]" "$(TORCH_PIN)"
 	$(BIN)/python scripts/bench_plan.py
 	$(BIN)/python scripts/bench_pack.py --runs 5 --trl-runs 3
 	$(BIN)/python scripts/bench_memory.py --sizes 250000 1000000
 	$(BIN)/python scripts/bench_memory.py --format jsonl --sizes 50000 200000
+	$(BIN)/python scripts/bench_startup.py --runs 5
+	$(BIN)/python scripts/bench_api.py --runs 3
+	$(BIN)/python scripts/bench_balance.py
+	$(BIN)/python scripts/bench_ray.py --runs 3
 
 train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py
