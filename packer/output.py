@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from packer.errors import OutputError, Terminated, UsageError
+from packer.own_outputs import MANIFEST
 
 TMP_MARK = ".packer-tmp-"
 OLD_MARK = ".packer-old-"
@@ -39,7 +40,7 @@ def check_target(output: Path, overwrite: bool) -> None:
             raise UsageError(
                 "output directory exists; pass --overwrite to replace it", where=str(output)
             )
-        if not (output / "manifest.json").is_file() and any(output.iterdir()):
+        if not (output / MANIFEST).is_file() and any(output.iterdir()):
             raise UsageError(
                 "refusing to overwrite a non-empty directory that is not a packer "
                 "output (no manifest.json)",
@@ -305,7 +306,7 @@ def finish(tmp: Path, output: Path, manifest: dict, overwrite: bool) -> None:
 
     The manifest is written last: a directory with shards but no manifest is never complete.
     """
-    with open(tmp / "manifest.json", "w", encoding="utf-8") as fh:
+    with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=2, sort_keys=True)
         fh.write("\n")
     commit(tmp, output, overwrite=overwrite)

@@ -28,6 +28,7 @@ from packer.config import PackConfig
 from packer.errors import OutputError, UsageError
 from packer.jit import start_warming
 from packer.overlength import Segments, resolve
+from packer.own_outputs import MANIFEST
 from packer.planning import Plan, lower_bound, plan
 from packer.progress import metering
 from packer.readers import expand_inputs, read_samples
@@ -36,7 +37,6 @@ from packer.shards import write_shards
 from packer.workers import configure as configure_workers
 from packer.writer import SCHEMA
 
-MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
 # The source labels that split points overwrite with -100 (see `_write_split_labels`).
 SPLIT_LABELS = "split_labels.jsonl"

@@ -15,9 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from packer.errors import UsageError
+from packer.own_outputs import MANIFEST
 from packer.writer import SCHEMA
-
-MANIFEST = "manifest.json"
 
 
 @dataclass
