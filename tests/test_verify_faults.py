@@ -597,3 +597,61 @@ def test_manifest_errors_are_usage_errors(cli, packed, tmp_path):
     (out / "manifest.json").unlink()
     res = cli("verify", out)
     assert res.stderr.strip() == f"error: {out}: no manifest.json: not a packer output"
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "why"),
+    [
+        ("config", "max_len", None, "has no config.max_len"),
+        ("config", "max_len", 0, "config.max_len must be a positive integer, got 0"),
+        ("config", "max_len", True, "config.max_len must be a positive integer, got True"),
+        ("config", "pad", 1, "config.pad must be true or false, got 1"),
+        ("config", "pad_id", -1, "config.pad_id must be a non-negative integer, got -1"),
+        ("config", "pad_id", None, "has no config.pad_id"),
+        (
+            "config",
+            "overlength",
+            "wrap",
+            "config.overlength must be error or drop or truncate or split, got 'wrap'",
+        ),
+        ("config", "input_column", "", "config.input_column must be a column name, got ''"),
+        ("config", "labels_column", 3, "config.labels_column must be a column name or null, got 3"),
+        ("stats", "samples_in", "80", "stats.samples_in must be a non-negative integer, got '80'"),
+        ("stats", "dropped", None, "has no stats.dropped"),
+        ("stats", "dropped", -2, "stats.dropped must be a non-negative integer, got -2"),
+    ],
+)
+def test_manifest_fields_the_checks_read(cli, packed, tmp_path, section, key, value, why):
+    """A manifest without a field the checks read is refused by name, not checked against a
+    made-up default (max_len 0 would call every row over-long)."""
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    if value is None:
+        del manifest[section][key]
+    else:
+        manifest[section][key] = value
+    write_manifest(out, manifest)
+    res = cli("verify", out, "--no-attention")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {out / 'manifest.json'}: manifest.json {why}"
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda m: m.pop("config"), "has no 'config' object"),
+        (lambda m: m.update(stats=[]), "has no 'stats' object"),
+        (lambda m: m["shards"].append("shard-9.arrow"), "shards[{n}] has no 'file' name"),
+        (lambda m: m["shards"][0].pop("file"), "shards[0] has no 'file' name"),
+    ],
+)
+def test_manifest_sections_the_checks_read(cli, packed, tmp_path, edit, why):
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    n = len(manifest["shards"])
+    edit(manifest)
+    write_manifest(out, manifest)
+    res = cli("verify", out, "--no-attention")
+    assert res.exit_code == 2
+    expected = why.format(n=n)
+    assert res.stderr.strip() == f"error: {out / 'manifest.json'}: manifest.json {expected}"

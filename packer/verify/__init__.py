@@ -102,10 +102,8 @@ def verify(
     if inputs:
         from packer.readers import read_samples
 
-        cfg = manifest.get("config", {})
-        source = read_samples(
-            inputs, cfg.get("input_column", "input_ids"), cfg.get("labels_column") or None
-        )
+        cfg = manifest["config"]
+        source = read_samples(inputs, cfg["input_column"], cfg["labels_column"] or None)
 
     checks = {
         "structure": CheckResult("structure"),

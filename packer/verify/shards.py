@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer.errors import UsageError
+from packer.overlength import POLICIES
 from packer.own_outputs import MANIFEST
 from packer.writer import SCHEMA
 
@@ -76,7 +77,43 @@ def read_manifest(output_dir: Path) -> dict:
         raise UsageError(f"manifest.json is not valid JSON ({exc})", where=str(path)) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
         raise UsageError("manifest.json has no 'shards' list", where=str(path))
+    _check_fields(manifest, path)
     return manifest
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# The manifest fields the checks read: (section, key, test, what a valid value is). Refusing a
+# manifest without them beats checking against a made-up default (every row "over L = 0").
+_FIELDS = (
+    ("config", "max_len", lambda v: _count(v) and v > 0, "a positive integer"),
+    ("config", "pad", lambda v: isinstance(v, bool), "true or false"),
+    ("config", "pad_id", _count, "a non-negative integer"),
+    ("config", "overlength", lambda v: v in POLICIES, " or ".join(POLICIES)),
+    ("config", "input_column", lambda v: isinstance(v, str) and v != "", "a column name"),
+    ("config", "labels_column", lambda v: v is None or isinstance(v, str), "a column name or null"),
+    ("stats", "samples_in", _count, "a non-negative integer"),
+    ("stats", "dropped", _count, "a non-negative integer"),
+)
+
+
+def _check_fields(manifest: dict, path: Path) -> None:
+    for section in ("config", "stats"):
+        if not isinstance(manifest.get(section), dict):
+            raise UsageError(f"manifest.json has no '{section}' object", where=str(path))
+    for section, key, valid, what in _FIELDS:
+        if key not in manifest[section]:
+            raise UsageError(f"manifest.json has no {section}.{key}", where=str(path))
+        value = manifest[section][key]
+        if not valid(value):
+            raise UsageError(
+                f"manifest.json {section}.{key} must be {what}, got {value!r}", where=str(path)
+            )
+    for i, entry in enumerate(manifest["shards"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+            raise UsageError(f"manifest.json shards[{i}] has no 'file' name", where=str(path))
 
 
 def _list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:

@@ -255,9 +255,9 @@ def check_provenance(
     result: CheckResult,
 ) -> dict:
     """Every (sample_index, sample_offset) once, pieces contiguous, no sample lost."""
-    stats = manifest.get("stats", {})
-    overlength = manifest.get("config", {}).get("overlength", "error")
-    n_samples = source.num_samples if source is not None else int(stats.get("samples_in", 0))
+    stats = manifest["stats"]
+    overlength = manifest["config"]["overlength"]
+    n_samples = source.num_samples if source is not None else stats["samples_in"]
     if not statuses:
         return {"samples": 0}
     index = np.concatenate([K.as_int64(st.shard.sample_index) for st in statuses])
@@ -332,7 +332,7 @@ def check_provenance(
     present = np.zeros(n_samples, bool)
     present[index[valid]] = True
     missing = np.flatnonzero(~present)
-    dropped = int(stats.get("dropped", 0))
+    dropped = stats["dropped"]
     if source is not None:
         src_len = source.lengths
         covered = np.bincount(
@@ -456,15 +456,13 @@ def check_structure(
 ) -> list[RowStatus]:
     """Run all CPU checks; fill the three results; return the per-shard row status."""
     t0 = time.perf_counter()
-    cfg = manifest.get("config", {})
-    max_len = int(cfg.get("max_len", 0))
-    pad = bool(cfg.get("pad", False))
-    pad_id = int(cfg.get("pad_id", 0))
+    cfg = manifest["config"]
+    max_len, pad, pad_id = cfg["max_len"], cfg["pad"], cfg["pad_id"]
     statuses: list[RowStatus] = []
     shards_read = 0
     listed = set()
     for entry in manifest["shards"]:
-        name = str(entry.get("file", ""))
+        name = entry["file"]
         listed.add(name)
         path = output_dir / name
         if not path.is_file():
@@ -511,7 +509,7 @@ def check_structure(
         statuses, manifest, source, max_len, input_check if source is not None else structure
     )
     real, pad_tokens = _token_totals(statuses, pad)
-    stats = manifest.get("stats", {})
+    stats = manifest["stats"]
     totals = {
         "rows": sum(st.shard.rows for st in statuses),
         "segments": prov.get("segments", 0),
