@@ -655,3 +655,53 @@ def test_manifest_sections_the_checks_read(cli, packed, tmp_path, edit, why):
     assert res.exit_code == 2
     expected = why.format(n=n)
     assert res.stderr.strip() == f"error: {out / 'manifest.json'}: manifest.json {expected}"
+
+
+# --------------------------------------------------------------------------------------------
+# verify() from Python: defaults, reasons, and which rows the attention check picks
+
+
+def test_python_defaults_and_reasons(packed):
+    from packer.errors import UsageError
+    from packer.verify import verify
+
+    result = verify(packed[0], rows=1)  # default seed 0, no model checks
+    assert list(result.checks) == [
+        "structure",
+        "manifest",
+        "input",
+        "attention",
+        "negative_control",
+        "model",
+        "user_model",
+    ]
+    assert all(name == check.name for name, check in result.checks.items())
+    assert result.ok and result.checks["attention"].details["rows"] == 1
+    assert result.to_dict()["not_run"] == ["input", "model", "user_model"]
+    assert result.checks["input"].skipped_reason == "no --input given"
+    assert result.checks["model"].skipped_reason == "not asked (--model-check)"
+    assert result.checks["user_model"].skipped_reason == "not asked (--model DIR)"
+
+    def timeless(r):
+        return {k: v for k, v in r.checks["attention"].details.items() if "seconds" not in k}
+
+    assert timeless(result) == timeless(verify(packed[0], rows=1, seed=0))
+    with pytest.raises(UsageError, match=r"^--seed must be non-negative, got -1$"):
+        verify(packed[0], seed=-1)
+
+
+def test_attention_picks_a_row_of_two_samples_first(cli, tmp_path):
+    """Ten rows hold one sample, one holds two: with --rows 1 every seed picks that one, since
+    only a row of several samples can show a leak."""
+    samples = [{"input_ids": [(7 * i + j) % 400 + 1 for j in range(120)]} for i in range(10)]
+    samples += [{"input_ids": [(3 * j + i) % 400 + 1 for j in range(50)]} for i in range(2)]
+    src = write_jsonl(tmp_path / "d.jsonl", samples)
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", "128").exit_code == 0
+    cu = read_shards(out).column("cu_seqlens").to_pylist()
+    assert sorted(len(c) - 1 for c in cu) == [1] * 10 + [2]
+    for seed in range(4):
+        res = cli("verify", out, "--json", "--rows", "1", "--seed", str(seed))
+        assert res.exit_code == 0, res.output
+        att = json.loads(res.stdout)["checks"]["attention"]
+        assert (att["rows"], att["samples"]) == (1, 2), seed

@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from packer.errors import UsageError
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
 from packer.verify.shards import read_manifest
@@ -105,33 +107,29 @@ def verify(
         cfg = manifest["config"]
         source = read_samples(inputs, cfg["input_column"], cfg["labels_column"] or None)
 
-    checks = {
-        "structure": CheckResult("structure"),
-        "manifest": CheckResult("manifest"),
-        "input": CheckResult("input")
-        if source is not None
-        else _not_run("input", "no --input given"),
-    }
-    statuses = check_structure(
-        out,
-        manifest,
-        source,
-        checks["structure"],
-        checks["manifest"],
-        checks["input"] if source is not None else None,
+    checks: dict[str, CheckResult] = {}
+
+    def add(check: CheckResult) -> CheckResult:
+        """Reports are keyed by the check's own name, so the two cannot disagree."""
+        checks[check.name] = check
+        return check
+
+    structure, manifest_check = add(CheckResult("structure")), add(CheckResult("manifest"))
+    input_check = add(
+        CheckResult("input") if source is not None else _not_run("input", "no --input given")
     )
+    statuses = check_structure(out, manifest, source, structure, manifest_check, input_check)
 
     if chosen is None:
-        reason = "--no-attention was given"
         for name in ("attention", "negative_control", "model", "user_model"):
-            checks[name] = _not_run(name, reason)
+            add(_not_run(name, "--no-attention was given"))
     else:
         from packer.verify.attention import RowInput, pick_rows, run_attention
 
         candidates = []
         for s, st in enumerate(statuses):
             usable = st.cu_usable
-            n_seg = (st.shard.cu_off[1:] - st.shard.cu_off[:-1]) - 1
+            n_seg = np.diff(st.shard.cu_off) - 1  # cu_seqlens has one entry more than segments
             candidates += [(s, int(r), int(n_seg[r])) for r in range(st.shard.rows) if usable[r]]
         picked = [
             RowInput(
@@ -139,26 +137,20 @@ def verify(
             )
             for s, r in pick_rows(candidates, count, seed)
         ]
-        checks["attention"] = CheckResult("attention")
-        checks["negative_control"] = CheckResult("negative_control")
+        attention_check = add(CheckResult("attention"))
+        control = add(CheckResult("negative_control"))
         backend_obj, dtype_name = chosen
-        run_attention(
-            picked, backend_obj, dtype_name, seed, checks["attention"], checks["negative_control"]
-        )
-        checks["model"] = (
-            CheckResult("model") if model_check else _not_run("model", "not asked (--model-check)")
-        )
+        run_attention(picked, backend_obj, dtype_name, seed, attention_check, control)
         if model_check:
             from packer.verify.model_check import run_model_check
 
-            run_model_check(picked, seed, checks["model"])
-        checks["user_model"] = (
-            CheckResult("user_model")
-            if model_dir is not None
-            else _not_run("user_model", "not asked (--model DIR)")
-        )
+            run_model_check(picked, seed, add(CheckResult("model")))
+        else:
+            add(_not_run("model", "not asked (--model-check)"))
         if model_dir is not None:
             from packer.verify.user_model import run_user_model
 
-            run_user_model(picked, model_dir, seed, dtype, checks["user_model"])
+            run_user_model(picked, model_dir, seed, dtype, add(CheckResult("user_model")))
+        else:
+            add(_not_run("user_model", "not asked (--model DIR)"))
     return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)

@@ -452,9 +452,10 @@ def check_structure(
     source: Samples | None,
     structure: CheckResult,
     manifest_check: CheckResult,
-    input_check: CheckResult | None,
+    input_check: CheckResult,
 ) -> list[RowStatus]:
-    """Run all CPU checks; fill the three results; return the per-shard row status."""
+    """Run all CPU checks; fill the three results (`input_check` only when there is a
+    `source`); return the per-shard row status."""
     t0 = time.perf_counter()
     cfg = manifest["config"]
     max_len, pad, pad_id = cfg["max_len"], cfg["pad"], cfg["pad_id"]
@@ -527,7 +528,7 @@ def check_structure(
                         f"manifest stats say {stats[key]} {key} but the shards hold {value}",
                     )
                 )
-    if source is not None and input_check is not None:
+    if source is not None:
         check_source(statuses, source, input_check)
         input_check.details.update({"samples": source.num_samples, "tokens": source.num_tokens})
     structure.details.update(
