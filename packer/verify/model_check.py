@@ -60,29 +60,29 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
     loss_max = logits_max = 0.0
     leaks: list[float] = []
     samples = 0
+
+    def as_long(values):
+        return torch.from_numpy(np.asarray(values, dtype=np.int64))
+
+    def logits(ids, positions, mask=None):
+        """One forward as a training step makes it: no cache, so nothing carries over."""
+        return model(ids, position_ids=positions, attention_mask=mask, use_cache=False).logits[0]
+
     with torch.inference_mode():
         for item in rows:
             row = item.data
-            ids = torch.from_numpy(np.asarray(row["input_ids"], dtype=np.int64))[None]
-            labels = torch.from_numpy(np.asarray(row["labels"], dtype=np.int64))
-            pos = torch.from_numpy(np.asarray(row["position_ids"], dtype=np.int64))[None]
-            cu = torch.from_numpy(np.asarray(row["cu_seqlens"], dtype=np.int64))
+            ids, labels = as_long(row["input_ids"])[None], as_long(row["labels"])
+            pos, cu = as_long(row["position_ids"])[None], as_long(row["cu_seqlens"])
             n = ids.shape[1]
             doc = torch.searchsorted(cu[1:].contiguous(), torch.arange(n), right=True)
             causal = torch.ones(n, n, dtype=torch.bool).tril()
             block = (doc[:, None] == doc[None, :]) & causal
-            packed = model(
-                ids, position_ids=pos, attention_mask=block[None, None], use_cache=False
-            ).logits[0]
-            leaky = model(
-                ids, position_ids=pos, attention_mask=causal[None, None], use_cache=False
-            ).logits[0]
+            packed = logits(ids, pos, block[None, None])
+            leaky = logits(ids, pos, causal[None, None])
             packed_loss = _token_losses(packed, labels)
             for j, (a, b) in enumerate(alone_segments(row["position_ids"])):
                 samples += 1
-                alone = model(
-                    ids[:, a:b], position_ids=torch.arange(b - a)[None], use_cache=False
-                ).logits[0]
+                alone = logits(ids[:, a:b], torch.arange(b - a)[None])
                 alone_loss = _token_losses(alone, labels[a:b])
                 n_packed = int((labels[a:b] != -100).sum())
                 n_alone = int((labels[a + 1 : b] != -100).sum())
