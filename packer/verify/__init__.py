@@ -100,7 +100,7 @@ def verify(
     source = None
     inputs = list(inputs or [])
     if inputs:
-        from packer.readers import read_samples
+        from packer.read.assemble import read_samples
 
         cfg = manifest.get("config", {})
         source = read_samples(
