@@ -22,8 +22,13 @@ class Engine(Protocol):
         fn: Callable,
         calls: Sequence[tuple],
         on_done: Callable[[int], None] | None = None,
+        memory: int | None = None,
     ) -> list[Any]:
-        """fn(*call) for every call, results in call order; on_done(i) as each one finishes."""
+        """fn(*call) for every call, results in call order; on_done(i) as each one finishes.
+
+        memory: bytes one call may hold; an engine that schedules calls side by side reserves
+        them (Ray's `memory=`), so that no node runs more calls than its memory holds.
+        """
 
     def task_workers(self, workers: int) -> int:
         """Threads one task may use."""

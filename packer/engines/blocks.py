@@ -358,6 +358,15 @@ def plan_blocks(scans: list[FileScan]) -> list[BlockSpec]:
     return specs
 
 
+def block_memory(budget: int) -> int:
+    """Bytes one block task may hold: the whole `--memory-budget`, as with the local engine.
+
+    `_check_memory` refuses blocks that decode to more than half of it (the decoded table and
+    its flat copy fit); the Ray engine reserves this much per block task.
+    """
+    return budget
+
+
 def _check_memory(specs: list[BlockSpec], budget: int) -> None:
     for spec in specs:
         if 2 * spec.decoded > budget:
@@ -487,6 +496,7 @@ def pack_blocks(
                 pack_block,
                 [(s, cfg, str(tmp), worker_cpus) for s in specs],
                 on_done=on_block,
+                memory=block_memory(budget),
             )
             timings["blocks"] = time.perf_counter() - t
             t = time.perf_counter()
