@@ -6,8 +6,8 @@ from packer.config import PackConfig  # noqa: E402
 from packer.in_memory import pack_dataset  # noqa: E402
 from packer.own_outputs import PackedInputError  # noqa: E402
 from packer.pipeline import PackResult, pack, read_manifest  # noqa: E402
-from packer.planning import Plan, lower_bound, plan  # noqa: E402
-from packer.readers import read_samples  # noqa: E402
+from packer.planning.strategies import Plan, lower_bound, plan  # noqa: E402
+from packer.read.assemble import read_samples  # noqa: E402
 
 __all__ = [
     "PackConfig",

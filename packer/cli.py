@@ -25,8 +25,8 @@ from packer.errors import (
     Terminated,
 )
 from packer.hashing import ALGORITHMS
-from packer.overlength import POLICIES
-from packer.planning import STRATEGIES
+from packer.planning.overlength import POLICIES
+from packer.planning.strategies import STRATEGIES
 
 app = typer.Typer(
     name="packer",
@@ -258,9 +258,9 @@ def pack(
 ) -> None:
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
     from packer.config import build_config
-    from packer.output import sigterm_as_interrupt
     from packer.pipeline import pack as run_pack
     from packer.report import pack_table, progress_bars, stderr
+    from packer.write.commit import sigterm_as_interrupt
 
     with user_errors(debug):
         cfg = build_config(

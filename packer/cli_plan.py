@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from packer.cli import DEBUG, JSON, app, choices, user_errors
-from packer.overlength import POLICIES
-from packer.planning import STRATEGIES
+from packer.planning.overlength import POLICIES
+from packer.planning.strategies import STRATEGIES
 
 
 @app.command("plan")
@@ -64,10 +64,10 @@ def plan_command(
     efficiency, rows / best lower bound and seconds (with --world-size, also the modeled
     data-parallel efficiency of batches balanced by tokens and by attention)."""
     from packer.errors import UsageError
-    from packer.overlength import resolve
-    from packer.plan_report import compare_strategies, histogram_lines, strategy_table
-    from packer.planning import STRATEGIES
-    from packer.readers import read_samples
+    from packer.planning.overlength import resolve
+    from packer.planning.report import compare_strategies, histogram_lines, strategy_table
+    from packer.planning.strategies import STRATEGIES
+    from packer.read.assemble import read_samples
     from packer.report import stderr
 
     with user_errors(debug):

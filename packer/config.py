@@ -12,7 +12,7 @@ import yaml
 
 from packer.errors import UsageError
 from packer.hashing import ALGORITHMS
-from packer.overlength import POLICIES
+from packer.planning.overlength import POLICIES
 
 ON_ERROR = ("error", "skip")
 ENGINES = ("local", "ray")
@@ -37,7 +37,7 @@ class PackConfig:
     shard_rows: int | None = None  # None: as many rows as hold ~16M tokens
     on_error: str = "error"  # bad samples: "error" stops at the first, "skip" leaves them out
     hash: str = "xxh3_128"  # content hash of each shard in the manifest (or "sha256")
-    # Input bytes per block (see packer.blocks); None: one global plan. Part of the output's
+    # Input bytes per block (see packer.read.blocks); None: one global plan. Part of the output's
     # identity: both engines cut the same blocks from the same value.
     block_size: int | None = None
     engine: str = "local"  # "local" or "ray"
@@ -47,7 +47,7 @@ class PackConfig:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
 
     def validate(self) -> PackConfig:
-        from packer.planning import STRATEGIES
+        from packer.planning.strategies import STRATEGIES
 
         if not isinstance(self.max_len, int) or isinstance(self.max_len, bool) or self.max_len < 1:
             raise UsageError(f"--max-len must be an integer of at least 1, got {self.max_len!r}")
@@ -80,7 +80,7 @@ class PackConfig:
         if self.engine not in ENGINES:
             raise UsageError(f"unknown --engine '{self.engine}' (choose from {', '.join(ENGINES)})")
         if isinstance(self.block_size, str):
-            from packer.cache import parse_size
+            from packer.read.cache import parse_size
 
             self.block_size = parse_size(self.block_size, "--block-size", minimum=1)
         if self.block_size is not None and (
@@ -139,7 +139,7 @@ def load_yaml(path: str | Path) -> dict:
 def _coerce(name: str, value, path: Path):
     kind = FIELDS[name].type
     if name == "block_size" and isinstance(value, str):  # a size such as 64MiB
-        from packer.cache import parse_size
+        from packer.read.cache import parse_size
 
         try:
             return parse_size(value, "block_size", minimum=1)

@@ -6,10 +6,11 @@ What comes back follows what goes in: a 🤗 `datasets.Dataset` gives a `Dataset
 other iterable (a generator, a `datasets.IterableDataset`) gives an iterator of packed
 `pyarrow.RecordBatch`es, packed in windows so the whole input is never held.
 
-The samples are read and validated by the readers' own `validate` (the same codes and messages as
-the CLI, with `sample N` in place of a file and line), planned by `pipeline.plan_samples` and
-gathered by the compiled kernel into one set of buffers, each record batch of the result a
-zero-copy view of them: the output's columns are the only memory that grows with the tokens.
+The samples are read and validated by the readers' own `validate` (`packer.read.validate`:
+the same codes and messages as the CLI, with `sample N` in place of a file and line), planned
+by `pipeline.plan_samples` and gathered by the compiled kernel into one set of buffers, each
+record batch of the result a zero-copy view of them: the output's columns are the only memory
+that grows with the tokens.
 `datasets` is imported only when a Dataset comes in.
 """
 
@@ -30,22 +31,17 @@ from packer import __version__, hashing
 from packer import workers as workers_mod
 from packer.config import PackConfig
 from packer.errors import InputError, OptionError, SampleError, UsageError
-from packer.gather import Buffers, as_chunks, shard_sizes
-from packer.overlength import Segments, resolve
 from packer.pipeline import compute_stats, plan_samples
-from packer.planning import Plan, _plan_arrays, lower_bound, plan
-from packer.readers import (
-    REASON_CODE,
-    RawTable,
-    _chunked_samples,
-    _line_problem,
-    _list_of_int,
-    assemble_offsets,
-    validate,
-)
-from packer.samples import Rejects, Samples, SourceFile
-from packer.shards import batch_bounds, gather_batch
-from packer.writer import SCHEMA, shard_batch
+from packer.planning.overlength import Segments, resolve
+from packer.planning.strategies import Plan, _plan_arrays, lower_bound, plan
+from packer.read.assemble import _chunked_samples, assemble_offsets
+from packer.read.formats import RawTable, _line_problem, _list_of_int
+from packer.read.reasons import REASON_CODE
+from packer.read.samples import Rejects, Samples, SourceFile, as_chunks
+from packer.read.validate import validate
+from packer.write.gather import Buffers, shard_sizes
+from packer.write.shard_file import SCHEMA, shard_batch
+from packer.write.shards import batch_bounds, gather_batch
 
 SCHEMA_WITH_LENGTHS = SCHEMA.append(pa.field("seq_lengths", pa.list_(pa.int32())))
 DEFAULT_WINDOW = 100_000  # samples per window when an iterable is packed

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from packer.errors import UsageError
-from packer.samples import IGNORE_INDEX, SourceFile
+from packer.read.reasons import IGNORE_INDEX
+from packer.read.samples import SourceFile
 from packer.verify.shards import ShardArrays, read_manifest, read_shard
 
 FILL_BINS = 10  # row fill histogram: 0-10 %, ..., 90-100 %
@@ -243,7 +244,7 @@ def inspect(
 
 
 def _balance(shards: _Shards, seg_lengths: np.ndarray, world_size: int, hidden_size: int):
-    from packer.balance import compare_balance
+    from packer.planning.balance import compare_balance
 
     if world_size < 1:
         raise UsageError(f"--world-size must be at least 1, got {world_size}")

@@ -59,7 +59,7 @@ def _unliteral_calls(dispatcher):
 
 def warm_plan(strategy: str, dtype=np.int64) -> None:
     """The planning kernels of one strategy (`pack` and `plan` pass int64 lengths)."""
-    from packer.planning import plan
+    from packer.planning.strategies import plan
 
     plan(np.array([3, 2, 2, 1], dtype), 4, strategy)
 
@@ -67,11 +67,10 @@ def warm_plan(strategy: str, dtype=np.int64) -> None:
 def warm_gather() -> None:
     """The gather kernel, through the same call `write_shards` makes."""
     from packer.config import PackConfig
-    from packer.gather import as_chunks
-    from packer.overlength import resolve
-    from packer.planning import Plan
-    from packer.samples import Samples
-    from packer.shards import allocate, gather_batch
+    from packer.planning.overlength import resolve
+    from packer.planning.strategies import Plan
+    from packer.read.samples import Samples, as_chunks
+    from packer.write.shards import allocate, gather_batch
 
     chunk = np.arange(1, 8, dtype=np.int32)
     samples = Samples(
@@ -115,7 +114,7 @@ def warm_verify() -> None:
 
 def warm_steps() -> list[tuple[str, Callable[[], None]]]:
     """What `packer warmup` runs: every kernel, with the argument types packer passes it."""
-    from packer.planning import STRATEGIES
+    from packer.planning.strategies import STRATEGIES
 
     steps = [(f"plan {name}", lambda name=name: warm_plan(name)) for name in STRATEGIES]
     steps += [

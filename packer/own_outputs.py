@@ -17,8 +17,14 @@ import pyarrow.parquet as pq
 from packer.errors import UsageError
 
 MANIFEST = "manifest.json"
-# Marks of the hidden siblings an output directory has while a run writes it (see `output`).
-WORK_MARKS = (".packer-tmp-", ".packer-old-")
+REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
+# The source labels that split points overwrite with -100 (see `packer.write.manifest`).
+SPLIT_LABELS = "split_labels.jsonl"
+# Marks of the hidden siblings an output directory has while a run writes it (a run's temporary
+# output and cache, a replaced output; see `packer.write.commit`).
+TMP_MARK = ".packer-tmp-"
+OLD_MARK = ".packer-old-"
+WORK_MARKS = (TMP_MARK, OLD_MARK)
 # Columns of the output contract that a sample dataset never has together.
 CONTRACT_COLUMNS = frozenset({"cu_seqlens", "position_ids", "sample_index"})
 

@@ -12,10 +12,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
-from packer import __version__, hashing, output
-from packer.cache import (
+from packer.config import PackConfig
+from packer.errors import OutputError, UsageError
+from packer.jit import start_warming
+from packer.own_outputs import MANIFEST
+from packer.planning.overlength import Segments, resolve
+from packer.planning.strategies import Plan, lower_bound, plan
+from packer.read.assemble import read_samples
+from packer.read.cache import (
     batch_bytes_for,
     default_budget,
     make_cache_dir,
@@ -24,23 +28,13 @@ from packer.cache import (
     remove_cache_dir,
     stream_samples,
 )
-from packer.config import PackConfig
-from packer.errors import OutputError, UsageError
-from packer.jit import start_warming
-from packer.overlength import Segments, resolve
-from packer.own_outputs import MANIFEST
-from packer.planning import Plan, lower_bound, plan
-from packer.progress import metering
-from packer.readers import expand_inputs, read_samples
-from packer.samples import Samples
-from packer.shards import write_shards
+from packer.read.files import expand_inputs
+from packer.read.progress import metering
+from packer.read.samples import Samples
 from packer.workers import configure as configure_workers
-from packer.writer import SCHEMA
-
-REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
-# The source labels that split points overwrite with -100 (see `_write_split_labels`).
-SPLIT_LABELS = "split_labels.jsonl"
-FORMAT_VERSION = 1
+from packer.write import commit as output
+from packer.write.manifest import build_manifest, split_points, write_rejects, write_split_labels
+from packer.write.shards import write_shards
 
 # progress(stage, done, total, label): "read" (bytes of all files), "file" (bytes of the file
 # being read, its name as label), "plan" (0 of 0 while planning, then 1 of 1), "write" (rows)
@@ -122,91 +116,6 @@ def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int
     return segs, pl, global_rows
 
 
-def build_manifest(
-    cfg: PackConfig,
-    samples: Samples,
-    stats: dict,
-    shards: list[dict],
-    rejects: dict | None = None,
-    repacked_from: dict | None = None,
-    split_labels: dict | None = None,
-) -> dict:
-    manifest = {
-        "packer_version": __version__,
-        "format_version": FORMAT_VERSION,
-        "config": cfg.to_dict(),
-        "columns": {f.name: str(f.type) for f in SCHEMA},
-        "inputs": [
-            {
-                "path": str(s.path),
-                "format": s.format,
-                "bytes": s.size,
-                "fingerprint": s.fingerprint,
-                "samples": s.num_samples,
-                "first_index": s.first_index,
-                "has_labels": s.has_labels,
-                "rejected": s.rejected,
-            }
-            for s in samples.sources
-        ],
-        "shards": shards,
-        "rejects": rejects,
-        "stats": stats,
-    }
-    if repacked_from is not None:
-        manifest["repacked_from"] = repacked_from
-    if split_labels is not None:
-        manifest["split_labels"] = split_labels
-    return manifest
-
-
-def _write_rejects(samples: Samples, tmp: Path, algorithm: str) -> dict:
-    """rejects.jsonl: file, line (JSONL) or row (Parquet/Arrow), sample_index, reason, message."""
-    path = tmp / REJECTS
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(samples.rejects.jsonl_lines() if samples.rejects else ())
-    return {
-        "file": REJECTS,
-        "count": samples.num_rejected,
-        "bytes": path.stat().st_size,
-        algorithm: hashing.file_digest(path, algorithm),
-    }
-
-
-def split_points(samples: Samples, segs) -> np.ndarray | None:
-    """(sample_index, sample_offset, source label) of every split point after a sample's first
-    piece, int64 [k, 3] in sample order; None when there are none or no labels column.
-
-    A packed row labels the first token of every segment -100, so a split point loses the
-    source's label there; `split_labels.jsonl` keeps it and `--repack` puts it back.
-    """
-    if not samples.has_labels:
-        return None
-    pieces = np.flatnonzero(segs.offset > 0)
-    if pieces.size == 0:
-        return None
-    labels = samples.labels_at(segs.start[pieces])
-    return np.stack([segs.sample[pieces], segs.offset[pieces], labels]).T.astype(np.int64)
-
-
-def write_split_labels(points: np.ndarray | None, tmp: Path, algorithm: str) -> dict | None:
-    """split_labels.jsonl from `split_points` (written only when there are split points)."""
-    if points is None or len(points) == 0:
-        return None
-    path = tmp / SPLIT_LABELS
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(
-            f'{{"label": {lab}, "sample_index": {s}, "sample_offset": {o}}}\n'
-            for s, o, lab in points.tolist()
-        )
-    return {
-        "file": SPLIT_LABELS,
-        "count": len(points),
-        "bytes": path.stat().st_size,
-        algorithm: hashing.file_digest(path, algorithm),
-    }
-
-
 def pack(
     inputs: Iterable[str | Path],
     output_dir: str | Path,
@@ -228,9 +137,9 @@ def pack(
 
     Packer outputs are never read as samples (their rows are already packed): inside
     directories and globs they are skipped, named directly they are refused. `repack=True`
-    reads one packer output back into its original samples instead (see `packer.repack`).
+    reads one packer output back into its original samples instead (see `packer.read.repack`).
 
-    With `config.block_size` or `engine="ray"` the block pipeline runs (`packer.blocks`): both
+    With `config.block_size` or `engine="ray"` the block pipeline runs (`packer.engines.blocks`): both
     engines write the same bytes for the same configuration.
     """
     t0 = time.perf_counter()
@@ -244,7 +153,7 @@ def pack(
     if repack and blocks:
         raise UsageError("--repack runs on the local engine with one global plan (no --block-size)")
     if repack:
-        from packer.repack import check_repack_inputs, read_packed
+        from packer.read.repack import check_repack_inputs, read_packed
 
         samples, origin = read_packed(check_repack_inputs(list(inputs)))
         timings["read"] = time.perf_counter() - t0
@@ -255,7 +164,7 @@ def pack(
     skipped: list[Path] = []
     inputs = expand_inputs(inputs, skip=out, skipped=skipped)
     if blocks:
-        from packer.blocks import pack_blocks
+        from packer.engines.blocks import pack_blocks
 
         result = pack_blocks(
             inputs,
@@ -375,7 +284,7 @@ def _pack_samples(
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows)
-        rejects = _write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
+        rejects = write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
         split_labels = write_split_labels(split_points(samples, segs), tmp, cfg.hash)
         manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from, split_labels)
         output.finish(tmp, out, manifest, overwrite)

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from packer.balance import compare_balance
-from packer.planning import plan
+from packer.planning.balance import compare_balance
+from packer.planning.strategies import plan
 
 MIXES = ("lognormal", "long-documents")
 

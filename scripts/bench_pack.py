@@ -57,10 +57,10 @@ PACKER_IN_MEMORY = """
 import json, sys, time
 import packer
 from packer.config import PackConfig
-from packer.overlength import resolve
-from packer.planning import plan
-from packer.readers import read_samples
-from packer.shards import allocate, batch_bounds, gather_all, gather_batch
+from packer.planning.overlength import resolve
+from packer.planning.strategies import plan
+from packer.read.assemble import read_samples
+from packer.write.shards import allocate, batch_bounds, gather_all, gather_batch
 samples = read_samples([sys.argv[1]], chunked=True)
 cfg = PackConfig(max_len=int(sys.argv[2]), overlength=sys.argv[3])
 segs = resolve(samples, cfg.max_len, cfg.overlength)  # warms the JIT cache load
@@ -89,7 +89,7 @@ print(t.num_rows, time.perf_counter() - t0)
 
 JSONL_PACKER = """
 import sys, time
-from packer.readers import read_samples
+from packer.read.assemble import read_samples
 t0 = time.perf_counter()
 s = read_samples([sys.argv[1]])
 print(s.num_samples, time.perf_counter() - t0, s.num_tokens)

@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from packer.planning import STRATEGIES, best_bound, plan
+from packer.planning.strategies import STRATEGIES, best_bound, plan
 
 try:
     from lightbinpack import obfd

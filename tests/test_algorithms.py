@@ -7,9 +7,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer import algorithms
 from packer.errors import UsageError
-from packer.planning import STRATEGIES, best_bound, lower_bound, martello_toth_bound, plan
+from packer.planning import kernels as algorithms
+from packer.planning.strategies import (
+    STRATEGIES,
+    best_bound,
+    lower_bound,
+    martello_toth_bound,
+    plan,
+)
 
 SETTINGS = settings(max_examples=60, deadline=None)
 

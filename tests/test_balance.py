@@ -13,7 +13,7 @@ from conftest import make_samples, read_shards, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.balance import (
+from packer.planning.balance import (
     balance_inputs,
     compare_balance,
     efficiency,
@@ -23,7 +23,7 @@ from packer.balance import (
     row_segments,
     row_tokens,
 )
-from packer.planning import plan
+from packer.planning.strategies import plan
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
 from bench_balance import mix_lengths, packed_rows, split_lengths  # noqa: E402

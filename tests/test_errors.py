@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_samples, read_shards, write_arrow, write_jsonl, write_parquet
 
-from packer import output as output_mod
 from packer.errors import InputError
+from packer.write import commit as output_mod
 
 GOOD = {"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}
 
@@ -592,12 +592,12 @@ def test_stale_old_output_is_restored_by_the_next_run(cli, tmp_path, dataset, pr
 def test_full_disk_while_writing_shards(
     cli, tmp_path, dataset, previous, monkeypatch, with_previous
 ):
-    import packer.shards
+    import packer.write.shards
 
     out, before = previous
     if not with_previous:
         out = tmp_path / "fresh"
-    real = packer.shards.open_shard
+    real = packer.write.shards.open_shard
     calls = []
 
     def open_shard(path, algorithm):
@@ -606,7 +606,7 @@ def test_full_disk_while_writing_shards(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, algorithm)
 
-    monkeypatch.setattr(packer.shards, "open_shard", open_shard)
+    monkeypatch.setattr(packer.write.shards, "open_shard", open_shard)
     result = cli("pack", dataset, "-o", out, "-L", "256", "--shard-rows", "3", "--overwrite")
     assert result.exit_code == 1
     assert len(calls) >= 2
@@ -633,11 +633,11 @@ def test_full_disk_while_writing_the_manifest(cli, tmp_path, dataset, monkeypatc
 
 
 def test_read_error_on_the_second_file(cli, tmp_path, monkeypatch):
-    import packer.readers
+    import packer.read.formats
 
     a = write_jsonl(tmp_path / "a.jsonl", make_samples(20, seed=1))
     b = write_jsonl(tmp_path / "b.jsonl", make_samples(20, seed=2))
-    real = packer.readers.pa_json.read_json
+    real = packer.read.formats.pa_json.read_json
     calls = []
 
     def read_json(*args, **kwargs):
@@ -646,7 +646,7 @@ def test_read_error_on_the_second_file(cli, tmp_path, monkeypatch):
             raise OSError(errno.EIO, "Input/output error")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(packer.readers.pa_json, "read_json", read_json)
+    monkeypatch.setattr(packer.read.formats.pa_json, "read_json", read_json)
     result = cli("pack", a, b, "-o", tmp_path / "o", "-L", "512")
     assert result.exit_code == 1
     assert result.stderr.strip() == f"error: {b}: cannot read: [Errno 5] Input/output error"
@@ -655,13 +655,14 @@ def test_read_error_on_the_second_file(cli, tmp_path, monkeypatch):
 
 def test_validation_keeps_vectorized_on_valid_data(monkeypatch, tmp_path):
     """Valid data must not reach the per-line Python checks."""
-    import packer.readers
+    import packer.read.assemble
+    import packer.read.formats
 
     def boom(*a, **k):
         raise AssertionError("per-line check on valid data")
 
-    monkeypatch.setattr(packer.readers, "_line_problem", boom)
+    monkeypatch.setattr(packer.read.formats, "_line_problem", boom)
     path = write_jsonl(tmp_path / "a.jsonl", make_samples(500, seed=9))
-    samples = packer.readers.read_samples([path])
+    samples = packer.read.assemble.read_samples([path])
     assert samples.num_samples == 500 and samples.index is None and samples.rejects is None
     assert samples.tokens.dtype == np.int32

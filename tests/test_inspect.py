@@ -12,7 +12,7 @@ import pytest
 from conftest import make_samples, read_shards, write_jsonl, write_parquet
 
 from packer.errors import EXIT_USAGE
-from packer.samples import IGNORE_INDEX
+from packer.read.reasons import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from conftest import (
 )
 
 import packer
-from packer.samples import IGNORE_INDEX
+from packer.read.reasons import IGNORE_INDEX
 
 
 def check_output(

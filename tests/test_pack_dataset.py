@@ -19,7 +19,7 @@ from conftest import make_samples, read_shards, to_table, write_jsonl
 import packer
 from packer import pack_dataset
 from packer.errors import OptionError, SampleError
-from packer.writer import SCHEMA
+from packer.write.shard_file import SCHEMA
 
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()
@@ -335,7 +335,7 @@ def test_importing_packer_imports_neither_datasets_nor_torch():
 def test_output_is_built_on_one_set_of_buffers(monkeypatch):
     """No per-sample objects and no copy: the record batches (the shards' batches, here of
     16 rows) are consecutive views of one buffer per column."""
-    monkeypatch.setattr("packer.shards.BATCH_TOKENS", 16 * 64)
+    monkeypatch.setattr("packer.write.shards.BATCH_TOKENS", 16 * 64)
     samples = make_samples(300, seed=7, median=40)
     table = pack_dataset(to_table(samples), 64, overlength="split")
     for name in ("input_ids", "labels", "position_ids", "sample_index"):

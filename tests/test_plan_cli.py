@@ -7,7 +7,7 @@ import json
 import numpy as np
 from conftest import make_samples, write_jsonl, write_parquet
 
-from packer.planning import STRATEGIES, best_bound, plan
+from packer.planning.strategies import STRATEGIES, best_bound, plan
 
 
 def test_plan_json_compares_every_strategy(cli, tmp_path):
@@ -69,7 +69,7 @@ def test_plan_bad_options_are_one_line(cli, tmp_path):
 
 def test_pack_accepts_every_strategy_and_window(cli, tmp_path):
     """`pack --window` reports the rows of one global plan and what the windows cost."""
-    from packer.planning import plan
+    from packer.planning.strategies import plan
 
     samples = make_samples(120, max_len=256)
     lengths = [len(s["input_ids"]) for s in samples]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import make_samples, write_jsonl, write_parquet
 
-from packer.progress import metering, open_input
+from packer.read.progress import metering, open_input
 
 
 def run_on_terminal(args: list[str], cwd: Path) -> tuple[int, str, str]:

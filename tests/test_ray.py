@@ -152,3 +152,19 @@ def test_without_ray_installed_the_ray_engine_is_one_line_and_writes_nothing(tmp
         "error: --engine ray needs Ray, which is not installed: pip install 'packer[ray]'\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_each_block_task_reserves_the_memory_budget():
+    """The Ray options of a block task reserve what `--memory-budget` allows one task."""
+    from packer.engines.blocks import block_memory
+    from packer.engines.ray import MAX_RETRIES, task_options
+    from packer.read.cache import parse_size
+
+    budget = parse_size("3GiB")
+    assert task_options(block_memory(budget)) == {
+        "num_cpus": 1,
+        "max_retries": MAX_RETRIES,
+        "retry_exceptions": False,
+        "memory": 3 << 30,
+    }
+    assert "memory" not in task_options()  # scans and tail tasks reserve nothing

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from packer.errors import InputError
-from packer.readers import read_samples
+from packer.read.assemble import read_samples
 
 ids = st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=8)
 valid_line = ids.map(lambda x: json.dumps({"input_ids": x}))

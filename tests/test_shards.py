@@ -29,13 +29,13 @@ def test_shards_of_several_record_batches(tmp_path, monkeypatch, cli):
     import pyarrow as pa
     from conftest import read_shards
 
-    import packer.shards
+    import packer.write.shards
     from packer.torch import PackedDataset
 
     src = write_jsonl(tmp_path / "d.jsonl", make_samples(400, seed=3, median=40))
     cfg = packer.PackConfig(max_len=128, overlength="split", shard_rows=40)
     whole = packer.pack([src], tmp_path / "whole", cfg)
-    monkeypatch.setattr(packer.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
+    monkeypatch.setattr(packer.write.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
     outs = {w: packer.pack([src], tmp_path / f"w{w}", cfg, workers=w) for w in (1, 2)}
     assert outs[1].shards == outs[2].shards
     for shard in outs[1].shards:
@@ -72,10 +72,10 @@ def test_each_shard_is_flushed_and_released(tmp_path, monkeypatch):
     """Every shard is fsynced and dropped from the page cache before the output is committed."""
     import os
 
-    import packer.output
+    import packer.write.commit
 
     events = []
-    real_commit = packer.output.commit
+    real_commit = packer.write.commit.commit
 
     def fadvise(fd, offset, length, advice):
         events.append(("drop", os.readlink(f"/proc/self/fd/{fd}"), advice))
@@ -85,7 +85,7 @@ def test_each_shard_is_flushed_and_released(tmp_path, monkeypatch):
         real_commit(tmp, out, overwrite)
 
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
-    monkeypatch.setattr(packer.output, "commit", commit)
+    monkeypatch.setattr(packer.write.commit, "commit", commit)
     src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=4, median=40))
     result = packer.pack(
         [src], tmp_path / "out", packer.PackConfig(max_len=128, overlength="split", shard_rows=9)
@@ -105,14 +105,14 @@ def test_failed_write_stops_the_queue_and_closes_the_shard(tmp_path, monkeypatch
 
     import pytest
 
-    import packer.shards
+    import packer.write.shards
     from packer.errors import OutputError
-    from packer.writer import ShardWriter
+    from packer.write.shard_file import ShardWriter
 
     src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=5, median=40))
-    monkeypatch.setattr(packer.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
+    monkeypatch.setattr(packer.write.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
     opened, adds = [], []
-    real_open, real_add = packer.shards.open_shard, ShardWriter.add
+    real_open, real_add = packer.write.shards.open_shard, ShardWriter.add
 
     def open_shard(path, algorithm):
         opened.append(path.name)
@@ -124,7 +124,7 @@ def test_failed_write_stops_the_queue_and_closes_the_shard(tmp_path, monkeypatch
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_add(self, *args)
 
-    monkeypatch.setattr(packer.shards, "open_shard", open_shard)
+    monkeypatch.setattr(packer.write.shards, "open_shard", open_shard)
     monkeypatch.setattr(ShardWriter, "add", add)
     cfg = packer.PackConfig(max_len=128, overlength="split", shard_rows=4)
     with warnings.catch_warnings(record=True) as caught:
@@ -146,12 +146,12 @@ def test_verify_reads_batches_in_place_and_names_shard_rows(tmp_path, monkeypatc
     import pyarrow as pa
     import xxhash
 
-    import packer.shards
+    import packer.write.shards
     from packer.verify.shards import read_shard
-    from packer.writer import SCHEMA
+    from packer.write.shard_file import SCHEMA
 
     src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=6, median=30))
-    monkeypatch.setattr(packer.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
+    monkeypatch.setattr(packer.write.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch
     out = tmp_path / "out"
     cfg = packer.PackConfig(max_len=128, overlength="split", shard_rows=6)
     result = packer.pack([src], out, cfg)

@@ -14,9 +14,9 @@ from conftest import make_samples, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packer.flatten import ids_valid
-from packer.gather import as_chunks
-from packer.samples import IGNORE_INDEX, INT32_MAX
+from packer.read.flatten import ids_valid
+from packer.read.reasons import IGNORE_INDEX, INT32_MAX
+from packer.read.samples import as_chunks
 
 # Runs the CLI and prints, last, the kernels numba compiled during the run (not cache loads).
 COMPILES = """
@@ -62,8 +62,8 @@ def test_after_warmup_pack_compiles_nothing(tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl.gz", make_samples(300), compress="gzip")
     warm = packer(["warmup"], cache)
     assert warm.returncode == 0, warm.stderr
-    assert "packer.algorithms._best_fit" in warm.stderr
-    assert "packer.gather.gather_rows" in warm.stderr
+    assert "packer.planning.kernels._best_fit" in warm.stderr
+    assert "packer.write.gather.gather_rows" in warm.stderr
     assert any(cache.rglob("*.nbc"))
 
     for extra in (

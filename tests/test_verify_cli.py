@@ -15,7 +15,7 @@ from conftest import make_samples, write_jsonl
 
 from packer.hashing import file_digest
 from packer.verify import VerificationFailed, verify
-from packer.writer import SCHEMA
+from packer.write.shard_file import SCHEMA
 
 MAX_LEN = 128
 

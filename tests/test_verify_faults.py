@@ -29,9 +29,9 @@ from test_verify_cli import (
 )
 
 import packer
-import packer.output as output_mod
+import packer.write.commit as output_mod
 from packer.hashing import file_digest
-from packer.writer import SCHEMA
+from packer.write.shard_file import SCHEMA
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

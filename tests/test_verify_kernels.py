@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from packer.verify import kernels as K
 from packer.verify.shards import arrays_from_table
-from packer.writer import SCHEMA
+from packer.write.shard_file import SCHEMA
 
 MUTATIONS = (
     "none",

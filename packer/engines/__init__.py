@@ -1,9 +1,10 @@
-"""Engines: where the block pipeline's tasks run (`packer.blocks` holds what they do).
+"""Engines: where the block pipeline's tasks run (`packer.engines.blocks` holds what they do).
 
 An engine only maps a stage function over its calls and returns the results in call order; the
 first failure cancels the rest and is raised as the task raised it. `local` runs the calls in
 this process, one after another; `ray` runs each as a Ray task on a cluster. Another engine
-(Spark, Dask) is one more module with the same three methods.
+(Spark, Dask) is one more module with the same three methods, and one more branch in
+`open_engine` (see docs/layout.md).
 """
 
 from __future__ import annotations
@@ -21,8 +22,13 @@ class Engine(Protocol):
         fn: Callable,
         calls: Sequence[tuple],
         on_done: Callable[[int], None] | None = None,
+        memory: int | None = None,
     ) -> list[Any]:
-        """fn(*call) for every call, results in call order; on_done(i) as each one finishes."""
+        """fn(*call) for every call, results in call order; on_done(i) as each one finishes.
+
+        memory: bytes one call may hold; an engine that schedules calls side by side reserves
+        them (Ray's `memory=`), so that no node runs more calls than its memory holds.
+        """
 
     def task_workers(self, workers: int) -> int:
         """Threads one task may use."""

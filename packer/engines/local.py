@@ -12,6 +12,7 @@ class LocalEngine:
         fn: Callable,
         calls: Sequence[tuple],
         on_done: Callable[[int], None] | None = None,
+        memory: int | None = None,  # one call at a time: each has the whole budget
     ) -> list[Any]:
         results = []
         for i, call in enumerate(calls):

@@ -7,6 +7,10 @@ packer installed, and the output's parent directory on storage that every node s
 Ray retries a task whose worker process or node died (`MAX_RETRIES` times); a task that raises
 is not retried: its error is the run's error, the other tasks are cancelled, and the driver
 removes the temporary output.
+
+Calls given a `memory` (the block tasks: `packer.engines.blocks.block_memory`) reserve it from
+Ray's `memory` resource, so a node runs no more of them at once than its memory holds. A request
+larger than every node's memory is lowered to the largest node's, which then runs one at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +31,14 @@ _CONNECT_TIMEOUT = 5.0
 
 def _call(fn: Callable, call: tuple) -> Any:
     return fn(*call)
+
+
+def task_options(memory: int | None = None) -> dict:
+    """The Ray options of one task: one CPU, retried on lost workers, `memory` bytes reserved."""
+    options = {"num_cpus": 1, "max_retries": MAX_RETRIES, "retry_exceptions": False}
+    if memory is not None:
+        options["memory"] = int(memory)
+    return options
 
 
 class RayEngine:
@@ -64,9 +76,7 @@ class RayEngine:
                     f"cannot join the Ray cluster at {address}: {_first_line(exc)}"
                 ) from None
             self.owned = True
-        self.remote = ray.remote(_call).options(
-            num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False
-        )
+        self.remote = ray.remote(_call)
 
     def task_workers(self, workers: int) -> int:
         return 1  # each task holds one CPU of the cluster
@@ -76,9 +86,14 @@ class RayEngine:
         fn: Callable,
         calls: Sequence[tuple],
         on_done: Callable[[int], None] | None = None,
+        memory: int | None = None,
     ) -> list[Any]:
         ray = self.ray
-        refs = [self.remote.remote(fn, call) for call in calls]
+        if memory is not None:
+            largest = self._largest_node_memory()
+            memory = min(memory, largest) if largest else None  # 0: no node reports memory
+        remote = self.remote.options(**task_options(memory))
+        refs = [remote.remote(fn, call) for call in calls]
         index = {ref: i for i, ref in enumerate(refs)}
         pending = list(refs)
         try:
@@ -103,6 +118,15 @@ class RayEngine:
             self._cancel(pending)
             raise
         return ray.get(refs)
+
+    def _largest_node_memory(self) -> int:
+        """The `memory` resource of the cluster's largest live node (what one task can get)."""
+        sizes = [
+            int(node["Resources"].get("memory", 0))
+            for node in self.ray.nodes()
+            if node.get("Alive", True)
+        ]
+        return max(sizes, default=0)
 
     def _cancel(self, refs: list) -> None:
         """Cancel the tasks still queued or running, and wait until they have stopped."""

@@ -26,7 +26,7 @@ import numpy as np
 import torch.distributed
 import torch.utils.data
 
-from packer.balance import DEFAULT_HIDDEN_SIZE, balance_inputs, plan_batches, plan_epoch
+from packer.planning.balance import DEFAULT_HIDDEN_SIZE, balance_inputs, plan_batches, plan_epoch
 
 __all__ = ["PackedBatchSampler", "plan_batches"]
 

@@ -102,7 +102,7 @@ def verify(
     source = None
     inputs = list(inputs or [])
     if inputs:
-        from packer.readers import read_samples
+        from packer.read.assemble import read_samples
 
         cfg = manifest["config"]
         source = read_samples(inputs, cfg["input_column"], cfg["labels_column"] or None)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from packer.errors import UsageError
 from packer.overlength import POLICIES
 from packer.own_outputs import MANIFEST
-from packer.writer import SCHEMA
+from packer.write.shard_file import SCHEMA
 
 
 @dataclass

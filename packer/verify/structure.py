@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from packer import hashing
-from packer.samples import Samples
+from packer.read.samples import Samples
 from packer.verify import kernels as K
 from packer.verify.result import CheckResult, Failure
 from packer.verify.shards import ShardArrays, read_shard

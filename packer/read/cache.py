@@ -25,22 +25,13 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from packer.errors import InputError, UsageError
-from packer.output import TMP_MARK
-from packer.progress import open_input
-from packer.readers import (
-    _JSON_BLOCK,
-    READERS,
-    RawTable,
-    _json_schema,
-    _list_of_int,
-    assemble_offsets,
-    check_schema,
-    detect_format,
-    expand_inputs,
-    new_source,
-    validate,
-)
-from packer.samples import Rejects, Samples
+from packer.own_outputs import TMP_MARK
+from packer.read.assemble import assemble_offsets, check_schema, new_source
+from packer.read.files import detect_format, expand_inputs
+from packer.read.formats import _JSON_BLOCK, READERS, RawTable, _json_schema, _list_of_int
+from packer.read.progress import open_input
+from packer.read.samples import Rejects, Samples
+from packer.read.validate import validate
 
 _UNITS = {
     "": 1,

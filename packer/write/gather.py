@@ -18,7 +18,7 @@ from numba.core import types
 from numba.extending import intrinsic
 
 from packer.jit import kernel
-from packer.samples import IGNORE_INDEX
+from packer.read.reasons import IGNORE_INDEX
 
 
 def shard_sizes(order, row_starts, seg_len, r0, r1, max_len, pad) -> tuple[int, int]:
@@ -166,23 +166,3 @@ def gather_rows(
         out_sample_row_offsets[i + 1] = s
         out_loss[i] = loss
     return t, c
-
-
-class Chunks(list):
-    """int32 arrays that the gather kernel reads, with their addresses (`addresses`).
-
-    A list of the arrays themselves, so they live as long as the addresses are used.
-    """
-
-    addresses: np.ndarray
-
-
-def as_chunks(arrays) -> Chunks:
-    """The chunks that `gather_rows` reads from: contiguous int32 arrays, left where they are."""
-    chunks = Chunks()
-    for a in arrays:
-        if a.dtype != np.int32 or a.ndim != 1 or not (a.flags.c_contiguous or a.size == 0):
-            raise TypeError(f"gather chunks must be contiguous int32 arrays, got {a.dtype}")
-        chunks.append(a)
-    chunks.addresses = np.array([a.ctypes.data for a in chunks], np.int64)
-    return chunks

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer import hashing
-from packer.gather import Buffers
+from packer.write.gather import Buffers
 
 SCHEMA = pa.schema(
     [

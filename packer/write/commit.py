@@ -25,10 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from packer.errors import OutputError, Terminated, UsageError
-from packer.own_outputs import MANIFEST
-
-TMP_MARK = ".packer-tmp-"
-OLD_MARK = ".packer-old-"
+from packer.own_outputs import MANIFEST, OLD_MARK, TMP_MARK
 
 
 def check_target(output: Path, overwrite: bool) -> None:

@@ -11,9 +11,9 @@ import time
 import numpy as np
 from rich.table import Table
 
-from packer import algorithms
-from packer.balance import DEFAULT_HIDDEN_SIZE, compare_balance
-from packer.planning import STRATEGIES, Plan, lower_bound, martello_toth_bound, plan
+from packer.planning import kernels as algorithms
+from packer.planning.balance import DEFAULT_HIDDEN_SIZE, compare_balance
+from packer.planning.strategies import STRATEGIES, Plan, lower_bound, martello_toth_bound, plan
 
 
 def _timed_plan(
@@ -47,7 +47,7 @@ def compare_strategies(
     With `window`, each strategy is also run globally so the cost of windowing is explicit.
     With `world_size`, each strategy's rows are also planned into one epoch of batches for
     `world_size` ranks x `batch_size` rows (seed `seed`), balanced by tokens and by attention,
-    and the modeled data-parallel efficiency of both is reported (see `packer.balance`).
+    and the modeled data-parallel efficiency of both is reported (see `packer.planning.balance`).
     """
     lengths = np.ascontiguousarray(lengths)
     counts, _ = algorithms.length_histogram(lengths.astype(np.int64, copy=False), int(max_len))

@@ -23,12 +23,12 @@ import numpy as np
 
 from packer import workers as workers_mod
 from packer.config import PackConfig
-from packer.gather import Buffers, as_chunks, gather_rows, shard_sizes
-from packer.output import fsync_file
-from packer.overlength import Segments
-from packer.planning import Plan
-from packer.samples import Samples
-from packer.writer import ShardWriter, shard_batch
+from packer.planning.overlength import Segments
+from packer.planning.strategies import Plan
+from packer.read.samples import Samples, as_chunks
+from packer.write.commit import fsync_file
+from packer.write.gather import Buffers, gather_rows, shard_sizes
+from packer.write.shard_file import ShardWriter, shard_batch
 
 Progress = Callable[[str, int, int], None]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packer.errors import InputError, UsageError
-from packer.samples import Samples
+from packer.read.samples import Samples
 
 POLICIES = ("error", "drop", "truncate", "split")
 

@@ -2,7 +2,7 @@
 
 A plan is CSR: `order` lists sample indices row by row and `row_starts` cuts it into rows. Every
 strategy only has to produce that, and the gather step is one pass over it. The kernels live in
-`packer.algorithms`; this module picks one, validates input and handles windows.
+`packer.planning.kernels`; this module picks one, validates input and handles windows.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer import algorithms
 from packer.errors import UsageError
+from packer.planning import kernels as algorithms
 
 STRATEGIES = ("bfd", "ffd", "nf", "ff-shuffle", "histogram")
 
@@ -165,7 +165,7 @@ def plan(
     """Plan rows of at most `max_len` tokens for samples of the given lengths.
 
     Lengths must already be in 1..max_len: over-length samples are resolved before planning
-    (see `packer.overlength`), so that no strategy can silently drop or cut anything. With
+    (see `packer.planning.overlength`), so that no strategy can silently drop or cut anything. With
     `window`, each run of `window` consecutive samples is packed on its own (bounded memory,
     parallel), at some cost in rows. The result depends only on the arguments.
     """

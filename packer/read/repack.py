@@ -24,9 +24,14 @@ import pyarrow.json as pa_json
 
 from packer import hashing
 from packer.errors import InputError
-from packer.own_outputs import MANIFEST, PackedInputError, is_packer_output, read_manifest
-from packer.pipeline import SPLIT_LABELS
-from packer.samples import Samples, SourceFile
+from packer.own_outputs import (
+    MANIFEST,
+    SPLIT_LABELS,
+    PackedInputError,
+    is_packer_output,
+    read_manifest,
+)
+from packer.read.samples import Samples, SourceFile
 
 
 @dataclass

@@ -1,4 +1,8 @@
-"""The in-memory form of a token dataset: flat values plus offsets, no per-sample objects."""
+"""Samples: the in-memory form of a token dataset, flat values plus offsets, no per-sample objects.
+
+`SourceFile` is one input file, `Rejects` what `--on-error skip` left out, and `Chunks` the
+contiguous int32 arrays that hold the values of the chunked form (read by the gather kernel).
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-IGNORE_INDEX = -100
-INT32_MAX = np.iinfo(np.int32).max
-
-# Why a sample can be rejected. Code i + 1 in the readers' per-row uint8 arrays is REASONS[i];
-# 0 means valid. These names appear in rejects.jsonl and in the manifest's stats.
-REASONS = (
-    "malformed_json",  # not JSON, not UTF-8, not an object, or a line arrow cannot parse
-    "not_integer_list",  # input_ids / labels is not a list of integers (string, float, null...)
-    "missing_input_ids",  # the token column is absent or null in this sample
-    "empty",  # the token list is []
-    "negative_id",  # a negative token id, or a negative label other than -100
-    "id_out_of_range",  # an id that does not fit int32
-    "missing_labels",  # no labels in this sample, though other samples of the file have them
-    "labels_length",  # labels and input_ids differ in length
-)
-REASON_CODE = {name: i + 1 for i, name in enumerate(REASONS)}
+from packer.read.reasons import REASONS
 
 
 @dataclass
@@ -61,7 +50,7 @@ class SourceFile:
         if self.format != "jsonl":
             return "row", int(row)
         if self._lines is None:
-            from packer.readers import jsonl_line_numbers  # readers imports this module
+            from packer.read.formats import jsonl_line_numbers  # only when an error needs it
 
             self._lines = jsonl_line_numbers(self.path)
         return "line", int(self._lines[row]) if 0 <= row < len(self._lines) else -1
@@ -130,7 +119,7 @@ class Samples:
     rejects: Rejects | None = None
     # Chunked form (`read_samples(..., chunked=True)`, used by `pack`): the values stay in the
     # input's Arrow chunks, uncopied; `tokens` and `labels` are then None and global position p
-    # is in chunk k = searchsorted(chunk_starts, p, "right") - 1. See `packer.gather`.
+    # is in chunk k = searchsorted(chunk_starts, p, "right") - 1. See `packer.write.gather`.
     token_chunks: list | None = None
     label_chunks: list | None = None
     chunk_starts: np.ndarray | None = None  # int64[k + 1]
@@ -187,3 +176,23 @@ class Samples:
         """Where the sample held at `position` is in the input."""
         src, row = self.source_of(self.global_index(position))
         return src.locate(row)
+
+
+class Chunks(list):
+    """int32 arrays that the gather kernel reads, with their addresses (`addresses`).
+
+    A list of the arrays themselves, so they live as long as the addresses are used.
+    """
+
+    addresses: np.ndarray
+
+
+def as_chunks(arrays) -> Chunks:
+    """The chunks that `gather_rows` reads from: contiguous int32 arrays, left where they are."""
+    chunks = Chunks()
+    for a in arrays:
+        if a.dtype != np.int32 or a.ndim != 1 or not (a.flags.c_contiguous or a.size == 0):
+            raise TypeError(f"gather chunks must be contiguous int32 arrays, got {a.dtype}")
+        chunks.append(a)
+    chunks.addresses = np.array([a.ctypes.data for a in chunks], np.int64)
+    return chunks

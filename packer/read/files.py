@@ -1,0 +1,177 @@
+"""Input files: what the INPUT arguments name, the format of each, and a cheap fingerprint.
+
+`expand_inputs` is the first step of every read: plain files, directories and globs become one
+sorted list of data files, and packer's own outputs are left out or refused (`own_outputs`).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from packer.errors import InputError
+from packer.own_outputs import (
+    REPACK_HINT,
+    PackedInputError,
+    has_contract_schema,
+    is_packer_output,
+    is_work_dir,
+    refuse,
+)
+
+_SUFFIXES = {
+    ".jsonl": ("jsonl", None),
+    ".ndjson": ("jsonl", None),
+    ".jsonl.gz": ("jsonl", "gzip"),
+    ".ndjson.gz": ("jsonl", "gzip"),
+    ".jsonl.zst": ("jsonl", "zstd"),
+    ".ndjson.zst": ("jsonl", "zstd"),
+    ".parquet": ("parquet", None),
+    ".arrow": ("arrow", None),
+    ".feather": ("arrow", None),
+    ".ipc": ("arrow", None),
+}
+_GLOB_CHARS = set("*?[")
+
+
+def detect_format(path: Path) -> tuple[str, str | None]:
+    """(format, compression) from the file name; raises for names packer cannot read."""
+    name = path.name.lower()
+    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
+        if name.endswith(suffix):
+            return _SUFFIXES[suffix]
+    known = ", ".join(sorted(_SUFFIXES))
+    raise InputError(f"unknown file type (expected one of {known})", where=str(path))
+
+
+def _is_data_file(path: Path) -> bool:
+    try:
+        detect_format(path)
+    except InputError:
+        return False
+    return not path.name.startswith(".")
+
+
+class InputFiles(list):
+    """Input files already expanded and checked: expanding them again returns them as they are."""
+
+
+def expand_inputs(
+    inputs: Iterable[str | Path], skip: Path | None = None, skipped: list[Path] | None = None
+) -> InputFiles:
+    """Files named by the inputs: plain files, directories (recursive) and globs, each sorted.
+
+    Packer's own outputs are never inputs: directories and globs leave out `skip` (the output
+    being written), the hidden work directories of runs, and every directory holding a packer
+    manifest (listed in `skipped`). A packer output, or a file with the packed-row columns,
+    named as an INPUT is refused (`PackedInputError`): its rows are already packed.
+    """
+    if isinstance(inputs, InputFiles):
+        return inputs
+    excluded = _Excluded(skip)
+    files: list[Path] = []
+    for item in inputs:
+        text = str(item)
+        path = Path(text)
+        if path.is_dir():
+            if is_packer_output(path):
+                raise refuse(path)
+            found = excluded.walk(path, skipped)
+            if not found:
+                raise InputError("directory holds no .jsonl, .parquet or .arrow files", where=text)
+            files.extend(found)
+        elif _GLOB_CHARS & set(text) and not path.exists():
+            matches = sorted(Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file())
+            found = [p for p in matches if not excluded.holds(p, skipped)]
+            if matches and not found:
+                raise PackedInputError(
+                    f"every match is inside a packer output ({REPACK_HINT})", where=text
+                )
+            if not found:
+                raise InputError("no file matches this pattern", where=text)
+            files.extend(found)
+        elif path.is_file():
+            detect_format(path)
+            if is_packer_output(path.parent):
+                raise refuse(path, "a shard of one")
+            files.append(path)
+        elif path.exists():
+            raise InputError("not a regular file", where=text)
+        else:
+            raise InputError("no such file or directory", where=text)
+    if not files:
+        raise InputError("no input files given")
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        key = f.resolve()
+        if key in seen:
+            raise InputError("the same file is named twice in the inputs", where=str(f))
+        seen.add(key)
+        if has_contract_schema(f, detect_format(f)[0]):
+            raise refuse(f, "it has the packed-row columns cu_seqlens, position_ids, sample_index")
+        unique.append(f)
+    return InputFiles(unique)
+
+
+class _Excluded:
+    """Which directories an expansion leaves out; answers are cached per directory."""
+
+    def __init__(self, skip: Path | None):
+        self.skip = skip.resolve() if skip is not None else None
+        self.cache: dict[Path, bool] = {}
+
+    def __call__(self, directory: Path) -> bool:
+        hit = self.cache.get(directory)
+        if hit is None:
+            hit = (
+                is_work_dir(directory)
+                or (self.skip is not None and directory.resolve() == self.skip)
+                or is_packer_output(directory)
+            )
+            self.cache[directory] = hit
+        return hit
+
+    def _note(self, directory: Path, skipped: list[Path] | None) -> None:
+        if skipped is not None and not is_work_dir(directory) and directory not in skipped:
+            skipped.append(directory)
+
+    def walk(self, top: Path, skipped: list[Path] | None) -> list[Path]:
+        found = []
+        for root, dirs, names in os.walk(top):
+            base = Path(root)
+            keep = []
+            for d in sorted(dirs):
+                if self(base / d):
+                    self._note(base / d, skipped)
+                else:
+                    keep.append(d)
+            dirs[:] = keep
+            found.extend(p for p in (base / n for n in names) if p.is_file() and _is_data_file(p))
+        return sorted(found)
+
+    def holds(self, path: Path, skipped: list[Path] | None) -> bool:
+        for parent in path.parents:
+            if parent != Path(".") and self(parent):
+                self._note(parent, skipped)
+                return True
+        return False
+
+
+def fingerprint(path: Path) -> str:
+    """A cheap content fingerprint: sha256 over the size and up to three 1 MiB blocks.
+
+    Hashing whole multi-GB inputs would cost more than packing them; the sampled blocks catch
+    truncated, regenerated or swapped files, which is what a manifest reader needs to notice.
+    """
+    size = path.stat().st_size
+    block = 1 << 20
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as fh:
+        for start in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):
+            fh.seek(start)
+            digest.update(fh.read(block))
+    return "sha256-sampled:" + digest.hexdigest()
