@@ -15,8 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 from packer.errors import UsageError
-from packer.overlength import POLICIES
 from packer.own_outputs import MANIFEST
+from packer.planning.overlength import POLICIES
 from packer.write.shard_file import SCHEMA
 
 
