@@ -437,3 +437,33 @@ def test_qkv_are_three_different_table_slices():
     for i, x in enumerate((q, k, v)):
         assert x.dtype == torch.float16 and x.shape == (2, A.HEADS, A.HEAD_DIM)
         assert torch.equal(x, table[[5, 4100 % A.TABLE_ROWS], i].half())
+
+
+# --------------------------------------------------------------------------------------------
+# The references hold callers to the varlen kernels' contract
+
+
+@pytest.mark.parametrize("make", [A.make_cpu_forward, lambda: A.make_flex_forward("cpu", False)])
+@pytest.mark.parametrize(
+    ("cu", "max_seqlen", "error"),
+    [
+        ([0, 3, 8], 5, None),
+        (torch.tensor([0, 3, 8]), 5, "cu_seqlens must be 1-D int32 on cpu, got torch.int64 cpu"),
+        ([[0, 3, 8]], 5, "cu_seqlens must be 1-D int32 on cpu, got torch.int32 cpu"),
+        ([1, 3, 8], 5, r"cu_seqlens must rise from 0 to 8, got \[1, 3, 8\]"),
+        ([0, 3, 7], 4, r"cu_seqlens must rise from 0 to 8, got \[0, 3, 7\]"),
+        ([0, 5, 3, 8], 5, r"cu_seqlens must rise from 0 to 8, got \[0, 5, 3, 8\]"),
+        ([8], 8, r"cu_seqlens must rise from 0 to 8, got \[8\]"),
+        ([0, 3, 8], 8, "max_seqlen is 8 but the longest segment has 5 tokens"),
+        ([0, 3, 8], None, "max_seqlen is None but the longest segment has 5 tokens"),
+    ],
+)
+def test_reference_forwards_enforce_the_varlen_contract(make, cu, max_seqlen, error):
+    forward, _ = make()
+    q = torch.randn(8, 2, 16)
+    cu = cu if isinstance(cu, torch.Tensor) else torch.tensor(cu, dtype=torch.int32)
+    if error is None:
+        assert forward(q, q, q, cu, max_seqlen).shape == q.shape
+    else:
+        with pytest.raises(ValueError, match=f"^{error}$"):
+            forward(q, q, q, cu, max_seqlen)

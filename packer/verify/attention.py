@@ -129,10 +129,28 @@ def block_causal_mask(cu, length: int):
     return (doc[:, None] == doc[None, :]) & causal
 
 
+def check_varlen_call(q, cu, max_seqlen) -> None:
+    """The varlen kernels' contract, enforced by the masked references that stand in for them
+    on a CPU: int32 `cu_seqlens` from 0 to the token count, and `max_seqlen` the longest
+    segment. flash-attn refuses int64 offsets and reads past a segment longer than
+    `max_seqlen` silently, so a caller that gets these wrong must fail here, not on a GPU."""
+    import torch
+
+    n = q.shape[0]
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
+        raise ValueError(f"cu_seqlens must be 1-D int32 on {q.device}, got {cu.dtype} {cu.device}")
+    if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != n or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must rise from 0 to {n}, got {cu.tolist()}")
+    longest = int((cu[1:] - cu[:-1]).max())
+    if max_seqlen != longest:
+        raise ValueError(f"max_seqlen is {max_seqlen} but the longest segment has {longest} tokens")
+
+
 def make_cpu_forward() -> tuple[Forward, str]:
     import torch.nn.functional as F
 
     def forward(q, k, v, cu, max_seqlen):
+        check_varlen_call(q, cu, max_seqlen)
         mask = block_causal_mask(cu, q.shape[0])
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
@@ -151,6 +169,7 @@ def make_flex_forward(device: str, compiled: bool) -> tuple[Forward, str]:
     kernel = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
 
     def forward(q, k, v, cu, max_seqlen):
+        check_varlen_call(q, cu, max_seqlen)
         length = q.shape[0]
         doc = segment_ids(cu, length)
 
