@@ -58,6 +58,9 @@ def run_verify(cli, out: Path, *args: str) -> tuple[int, dict]:
 
 
 def messages(report: dict, check: str | None = None) -> list[str]:
+    """The failure messages of one check, or of all; every failure names the check holding it."""
+    for name, c in report["checks"].items():
+        assert all(f["check"] == name for f in c["failures"]), (name, c["failures"])
     return [
         f["message"]
         for name, c in report["checks"].items()

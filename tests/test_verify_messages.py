@@ -107,7 +107,7 @@ CASES = [
 def test_row_message(code, a, b, c, place, text):
     failure = row_message("s.arrow", 2, make_row(), code, a, b, c, 256, 0)
     assert failure.message == f"{place}: {text}"
-    assert (failure.check, failure.shard, failure.row) == ("structure", "s.arrow", 2)
+    assert (failure.shard, failure.row) == ("s.arrow", 2)
     if place == ROW_PLACE:
         assert failure.segment is None and failure.sample is None
     else:
@@ -169,13 +169,13 @@ def test_boundary_merged():
 def test_raise_for_failure_says_how_many_more():
     check = CheckResult("structure")
     for i in range(3):
-        check.fail(Failure("structure", f"problem {i}"))
+        check.fail(Failure(f"problem {i}"))
     with pytest.raises(VerificationFailed) as info:
         VerifyResult("o", {"structure": check}).raise_for_failure()
     assert str(info.value) == "problem 0 (and 2 more)"
     assert info.value.exit_code == 1
     one = CheckResult("structure")
-    one.fail(Failure("structure", "only"))
+    one.fail(Failure("only"))
     with pytest.raises(VerificationFailed) as info:
         VerifyResult("o", {"structure": one}).raise_for_failure()
     assert str(info.value) == "only"

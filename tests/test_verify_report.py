@@ -80,7 +80,7 @@ def test_every_check_line_says_what_was_measured():
 def test_failed_and_not_run_checks():
     checks = {name: CheckResult(name, details=dict(d)) for name, d in DETAILS.items()}
     for _ in range(2):
-        checks["structure"].fail(Failure("structure", "x"))
+        checks["structure"].fail(Failure("x"))
     checks["attention"] = CheckResult("attention", ran=False, skipped_reason="--no-attention")
     checks["negative_control"].details.update(synthetic=False, min_leak=None)
     lines = render(VerifyResult("o", checks))

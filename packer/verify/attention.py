@@ -374,12 +374,10 @@ def _label(
     return f"{shard} row {r}, padding (tokens {a}..{b - 1})", k, None
 
 
-def _failure(check: str, item: RowInput, label: tuple, text: str) -> Failure:
+def _failure(item: RowInput, label: tuple, text: str) -> Failure:
     """A failure about one sample of a checked row, placed as `_label` names it."""
     place, seg, idx = label
-    return Failure(
-        check, f"{place}: {text}", shard=item.shard, row=item.row, sample=idx, segment=seg
-    )
+    return Failure(f"{place}: {text}", shard=item.shard, row=item.row, sample=idx, segment=seg)
 
 
 def run_attention(
@@ -431,7 +429,6 @@ def run_attention(
                 if iso > tol:
                     isolation.fail(
                         _failure(
-                            "attention",
                             item,
                             label,
                             f"the packed {backend.name} forward differs from "
@@ -442,7 +439,6 @@ def run_attention(
                 elif ref > tol:
                     isolation.fail(
                         _failure(
-                            "attention",
                             item,
                             label,
                             f"the packed {backend.name} forward differs from "
@@ -456,7 +452,6 @@ def run_attention(
                 if leak <= threshold:
                     control.fail(
                         _failure(
-                            "negative_control",
                             item,
                             label,
                             f"plain causal attention over the whole "
@@ -471,7 +466,6 @@ def run_attention(
         if leaks[0] <= threshold:
             control.fail(
                 Failure(
-                    "negative_control",
                     f"plain causal attention over two joined "
                     f"samples changes the second by only {leaks[0]:.3g} (needs > "
                     f"{threshold:g}): the check could not see a leak",

@@ -96,7 +96,6 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
                 if n_packed != n_alone:
                     result.fail(
                         _failure(
-                            "model",
                             item,
                             label,
                             f"the packed row trains {n_packed} targets of this "
@@ -107,7 +106,6 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
                 elif d_loss > LOSS_TOLERANCE or d_logits > LOGITS_TOLERANCE:
                     result.fail(
                         _failure(
-                            "model",
                             item,
                             label,
                             f"the tiny model's loss differs by {d_loss:.3g} and its "
@@ -121,7 +119,6 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
                     if leak <= LEAK_FACTOR * LOGITS_TOLERANCE:
                         result.fail(
                             _failure(
-                                "model",
                                 item,
                                 label,
                                 f"under a plain causal mask the logits change by "

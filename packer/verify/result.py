@@ -17,16 +17,17 @@ class VerificationFailed(PackerError):
 
 @dataclass
 class Failure:
-    check: str
     message: str  # one line naming the place and what differs
     shard: str | None = None
     row: int | None = None
     sample: int | None = None
     sample_offset: int | None = None
     segment: int | None = None
+    check: str = ""  # set by `CheckResult.fail`: the name of the check that holds it
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        out = {k: v for k, v in asdict(self).items() if v is not None and k != "check"}
+        return {"check": self.check, **out}
 
 
 @dataclass
@@ -43,6 +44,7 @@ class CheckResult:
         return self.failure_count == 0
 
     def fail(self, failure: Failure) -> None:
+        failure.check = self.name
         self.failure_count += 1
         if len(self.failures) < MAX_LISTED:
             self.failures.append(failure)

@@ -157,7 +157,6 @@ def row_message(
         text = f"structure check code {code} ({a}, {b}, {c})"
     idx, off = _sample_of(row, seg) if seg is not None else (None, None)
     return Failure(
-        "structure",
         f"{where(shard, r, row, seg)}: {text}",
         shard=shard,
         row=r,
@@ -230,7 +229,6 @@ def check_manifest_entry(entry: dict, batches: list[ShardArrays], result: CheckR
         if key in entry and int(entry[key]) != value:
             result.fail(
                 Failure(
-                    "manifest",
                     f"{shard.name}: manifest says {entry[key]} {key} but the shard holds {value}",
                     shard=shard.name,
                 )
@@ -289,7 +287,6 @@ def check_provenance(
         row = st.shard.row(r)
         result.fail(
             Failure(
-                "structure",
                 f"{where(st.shard.name, st.shard.shard_row(r), row, k)}: {text}",
                 shard=st.shard.name,
                 row=st.shard.shard_row(r),
@@ -343,7 +340,6 @@ def check_provenance(
             i = int(i)
             result.fail(
                 Failure(
-                    "input",
                     f"sample {i} ({source.locate(i)}, {int(src_len[i])} tokens) appears in no row",
                     sample=i,
                 )
@@ -358,7 +354,6 @@ def check_provenance(
             i = int(i)
             result.fail(
                 Failure(
-                    "input",
                     f"sample {i} ({source.locate(i)}) is covered for "
                     f"{int(covered[i])} of its {int(src_len[i])} tokens",
                     sample=i,
@@ -369,7 +364,6 @@ def check_provenance(
         more = f" and {missing.size - 10} more" if missing.size > 10 else ""
         result.fail(
             Failure(
-                "structure",
                 f"sample{'s' if missing.size > 1 else ''} {listed}{more} "
                 f"appear{'s' if missing.size == 1 else ''} in no row, but the "
                 f"manifest records {dropped} dropped sample(s) "
@@ -435,7 +429,6 @@ def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult
                 )
             result.fail(
                 Failure(
-                    "input",
                     f"{where(sh.name, sh.shard_row(r), row, k)}: {text}",
                     shard=sh.name,
                     row=sh.shard_row(r),
@@ -467,15 +460,12 @@ def check_structure(
         listed.add(name)
         path = output_dir / name
         if not path.is_file():
-            manifest_check.fail(
-                Failure("manifest", f"{name}: listed in the manifest but missing", shard=name)
-            )
+            manifest_check.fail(Failure(f"{name}: listed in the manifest but missing", shard=name))
             continue
         digest = hashing.recorded(entry)
         if digest and hashing.file_digest(path, digest[0]) != digest[1]:
             manifest_check.fail(
                 Failure(
-                    "manifest",
                     f"{name}: {digest[0]} differs from the "
                     "manifest (the shard changed after packing)",
                     shard=name,
@@ -484,7 +474,6 @@ def check_structure(
         if "bytes" in entry and path.stat().st_size != int(entry["bytes"]):
             manifest_check.fail(
                 Failure(
-                    "manifest",
                     f"{name}: {path.stat().st_size} bytes, the manifest says {entry['bytes']}",
                     shard=name,
                 )
@@ -492,7 +481,7 @@ def check_structure(
         try:
             batches = read_shard(path)
         except (ValueError, OSError) as exc:
-            structure.fail(Failure("structure", f"{name}: {exc}", shard=name))
+            structure.fail(Failure(f"{name}: {exc}", shard=name))
             continue
         statuses += [check_shard_rows(b, max_len, pad, pad_id, structure) for b in batches]
         shards_read += 1
@@ -500,7 +489,6 @@ def check_structure(
     for extra in sorted(p.name for p in output_dir.glob("*.arrow") if p.name not in listed):
         manifest_check.fail(
             Failure(
-                "manifest",
                 f"{extra}: an .arrow file in the output that the manifest does not list",
                 shard=extra,
             )
@@ -524,7 +512,6 @@ def check_structure(
             if key in stats and int(stats[key]) != value:
                 manifest_check.fail(
                     Failure(
-                        "manifest",
                         f"manifest stats say {stats[key]} {key} but the shards hold {value}",
                     )
                 )

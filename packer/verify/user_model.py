@@ -112,12 +112,11 @@ def run_user_model(
         for (_, j, a, b_last), message in zip(report.failed_at, report.failures):
             text = message.split(": ", 1)[1]
             label = _label(item.shard, item.row, item.data, a, b_last + 1, j)
-            result.fail(_failure("user_model", item, label, text))
+            result.fail(_failure(item, label, text))
         leaks.append(_control_leak(model, batch, model_inputs, torch))
         if leaks[-1] <= LEAK_FACTOR * tol:
             result.fail(
                 Failure(
-                    "user_model",
                     f"{item.shard} row {item.row}: with a 2D attention_mask (the samples of the "
                     f"row as one sequence) the model's logits change by only {leaks[-1]:.3g} "
                     f"(needs > {LEAK_FACTOR * tol:g}): the check could not see a leak here",
