@@ -99,3 +99,26 @@ def test_verdict_without_an_attention_check_at_all():
         render(VerifyResult("o", checks))[0] == "packer verify → o: passed (attention not checked)"
     )
     assert render(VerifyResult("o", checks))[-2].startswith("│ structure │ ok │ 214 rows")
+
+
+def test_the_whole_table_as_a_terminal_shows_it():
+    """Header, column names, title placement and borders, at a fixed width."""
+    checks = {
+        "structure": CheckResult("structure", details={"rows": 3, "samples": 5, "tokens": 40}),
+        "manifest": CheckResult("manifest", details={"shards": 1}),
+        "input": CheckResult("input", ran=False, skipped_reason="no --input given"),
+    }
+    checks["structure"].details["shards"] = 1
+    checks["manifest"].fail(Failure("x"))
+    console = Console(record=True, width=80, color_system=None)
+    console.print(verify_table(VerifyResult("out", checks)))
+    assert console.export_text() == (
+        "packer verify → out: FAILED (attention not checked)                  \n"
+        "┏━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┓\n"
+        "┃ check     ┃ result   ┃ details                                    ┃\n"
+        "┡━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┩\n"
+        "│ structure │ ok       │ 3 rows, 5 samples, 40 tokens in 1 shard(s) │\n"
+        "│ manifest  │ 1 failed │ 1 shard(s): counts and hashes              │\n"
+        "│ input     │ skipped  │ no --input given                           │\n"
+        "└───────────┴──────────┴────────────────────────────────────────────┘\n"
+    )
