@@ -705,3 +705,137 @@ def test_attention_picks_a_row_of_two_samples_first(cli, tmp_path):
         assert res.exit_code == 0, res.output
         att = json.loads(res.stdout)["checks"]["attention"]
         assert (att["rows"], att["samples"]) == (1, 2), seed
+
+
+# --------------------------------------------------------------------------------------------
+# samples that appear in no row, and samples covered short
+
+
+@pytest.mark.parametrize(
+    ("extra", "listed"),
+    [
+        (1, "sample 80 appears"),
+        (2, "samples 80, 81 appear"),
+        (12, "samples 80, 81, 82, 83, 84, 85, 86, 87, 88, 89 and 2 more appear"),
+    ],
+)
+def test_samples_in_no_row_without_the_source(cli, packed, tmp_path, extra, listed):
+    """Without --input the manifest's counts say how many samples there were: more than the
+    rows hold and not recorded as dropped is a structure failure; recorded as dropped, none."""
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    manifest["stats"]["samples_in"] += extra
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert code == 1
+    [failure] = report["checks"]["structure"]["failures"]
+    assert failure == {
+        "check": "structure",
+        "message": f"{listed} in no row, but the manifest records 0 dropped sample(s) "
+        f"({extra} of {80 + extra} are missing)",
+        "sample": 80,
+    }
+    manifest["stats"]["dropped"] = extra
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert (code, report["checks"]["structure"]["failure_count"]) == (0, 0)
+
+
+@pytest.fixture(scope="module")
+def truncated(tmp_path_factory) -> tuple[Path, Path]:
+    """(output, source): 90 samples, 6 of them longer than L and truncated, 2 rows a shard."""
+    from typer.testing import CliRunner
+
+    from packer.cli import app
+
+    root = tmp_path_factory.mktemp("truncated")
+    samples = make_samples(90, seed=8, median=30, vocab=300)
+    for k in range(6):
+        samples[7 * k + 3] = make_samples(1, seed=20 + k, median=200, vocab=300)[0]
+        samples[7 * k + 3]["input_ids"] += [1] * MAX_LEN  # longer than L whatever the draw
+        samples[7 * k + 3]["labels"] += [1] * MAX_LEN
+    src = write_jsonl(root / "long.jsonl", samples)
+    out = root / "packed"
+    args = ["pack", str(src), "-o", str(out), "-L", str(MAX_LEN), "--overlength", "truncate"]
+    res = CliRunner().invoke(app, [*args, "--shard-rows", "2"])
+    assert res.exit_code == 0, res.output
+    return out, src
+
+
+def test_truncated_output_passes_against_its_source(cli, truncated):
+    code, report = structural(cli, truncated[0], "--input", str(truncated[1]))
+    assert code == 0, messages(report)
+    assert report["checks"]["input"]["samples"] == 90
+
+
+def test_samples_in_no_row_against_the_source(cli, truncated, tmp_path):
+    """Every missing sample is counted, the first 50 are reported one by one (20 listed), and
+    a truncated sample whose row is gone is missing too: only --overlength drop excuses one."""
+    out = copy_output(truncated[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    kept = manifest["shards"][-1:]  # rows of long (truncated) samples come first
+    for entry in manifest["shards"][:-1]:
+        (out / entry["file"]).unlink()
+    manifest["shards"] = kept
+    write_manifest(out, manifest)
+    present = {i for row in load_shard(out / kept[0]["file"]) for i in row["sample_index"]}
+    missing = sorted(set(range(90)) - present)
+    lengths = source_lengths(truncated[1])
+    assert len(missing) > 50 and {i for i in range(90) if lengths[i] > MAX_LEN} <= set(missing)
+    code, report = structural(cli, out, "--input", str(truncated[1]))
+    assert code == 1
+    check = report["checks"]["input"]
+    assert check["failure_count"] == len(missing)
+    assert check["failures"] == [
+        {
+            "check": "input",
+            "message": f"sample {i} ({truncated[1]}: line {i + 1}, {lengths[i]} tokens) "
+            "appears in no row",
+            "sample": i,
+        }
+        for i in missing[:20]
+    ]
+
+
+def test_sample_covered_short_of_its_source(cli, truncated, tmp_path):
+    """A row's last sample loses its last token: covered for n - 1 of n, though the output was
+    packed with --overlength truncate (only a sample longer than L may be cut, and to L)."""
+    out = copy_output(truncated[0], tmp_path / "bad")
+    lengths = source_lengths(truncated[1])
+    name = manifest_of(out)["shards"][-1]["file"]  # rows of short samples come last
+    rows = load_shard(out / name)
+    row = rows[-1]
+    assert 1 < lengths[row["sample_index"][-1]] < MAX_LEN
+    sample = row["sample_index"][-1]
+    for key in ("input_ids", "position_ids"):
+        row[key].pop()
+    if row["labels"].pop() != -100:
+        row["num_loss_tokens"] -= 1
+    row["cu_seqlens"][-1] -= 1
+    save_shard(out, name, rows, recount=True)
+    code, report = structural(cli, out, "--input", str(truncated[1]))
+    assert code == 1
+    assert report["checks"]["input"]["failures"] == [
+        {
+            "check": "input",
+            "message": f"sample {sample} ({truncated[1]}: line {sample + 1}) is covered for "
+            f"{lengths[sample] - 1} of its {lengths[sample]} tokens",
+            "sample": sample,
+        }
+    ]
+
+
+def test_an_output_listing_no_shard_misses_every_sample(cli, packed, tmp_path):
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    for entry in manifest["shards"]:
+        (out / entry["file"]).unlink()
+    manifest["shards"] = []
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert code == 1
+    assert messages(report, "structure") == [
+        "samples 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 and 70 more appear in no row, but the manifest "
+        "records 0 dropped sample(s) (80 of 80 are missing)"
+    ]
+    assert (report["checks"]["structure"]["rows"], report["checks"]["manifest"]["shards"]) == (0, 0)
