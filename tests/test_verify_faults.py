@@ -839,3 +839,68 @@ def test_an_output_listing_no_shard_misses_every_sample(cli, packed, tmp_path):
         "records 0 dropped sample(s) (80 of 80 are missing)"
     ]
     assert (report["checks"]["structure"]["rows"], report["checks"]["manifest"]["shards"]) == (0, 0)
+
+
+def test_manifest_failures_name_their_shard(cli, packed, tmp_path):
+    """Several faults at once, each failure placed on its shard; an unreadable shard is
+    reported and the shards after it are still checked."""
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    a, b, c, d = (e["file"] for e in manifest["shards"][:4])
+    (out / a).write_bytes(b"not arrow")  # unreadable, and its hash differs
+    manifest["shards"][0]["bytes"] = 9
+    (out / b).unlink()
+    manifest["shards"][2]["bytes"] += 1
+    size_c = (out / c).stat().st_size
+    rows = load_shard(out / d)
+    rows[0]["input_ids"][0] += 1
+    save_shard(out, d, rows)
+    manifest_d = manifest_of(out)["shards"][3]
+    manifest["shards"][3] = manifest_d | {"xxh3_128": "0" * 32}
+    (out / "zz.arrow").write_bytes(b"")
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert code == 1
+    assert report["checks"]["manifest"]["failures"] == [
+        {
+            "check": "manifest",
+            "message": f"{a}: xxh3_128 differs from the manifest (the shard changed after packing)",
+            "shard": a,
+        },
+        {"check": "manifest", "message": f"{b}: listed in the manifest but missing", "shard": b},
+        {
+            "check": "manifest",
+            "message": f"{c}: {size_c} bytes, the manifest says {size_c + 1}",
+            "shard": c,
+        },
+        {
+            "check": "manifest",
+            "message": f"{d}: xxh3_128 differs from the manifest (the shard changed after packing)",
+            "shard": d,
+        },
+        {
+            "check": "manifest",
+            "message": "zz.arrow: an .arrow file in the output that the manifest does not list",
+            "shard": "zz.arrow",
+        },
+    ]
+    unreadable = report["checks"]["structure"]["failures"][0]  # then the samples it held
+    assert unreadable["shard"] == a and unreadable["message"].startswith(f"{a}: ")
+    assert report["checks"]["structure"]["shards"] == len(manifest["shards"]) - 2
+
+
+def test_sha256_outputs_are_checked_with_sha256(cli, tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", make_samples(40, seed=5, median=20, max_len=60))
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", "64", "--hash", "sha256").exit_code == 0
+    assert structural(cli, out)[0] == 0
+    manifest = manifest_of(out)
+    entry = manifest["shards"][0]
+    assert entry["sha256"] == hashlib.sha256((out / entry["file"]).read_bytes()).hexdigest()
+    entry["sha256"] = entry["sha256"][::-1]
+    write_manifest(out, manifest)
+    code, report = structural(cli, out)
+    assert code == 1
+    assert messages(report) == [
+        f"{entry['file']}: sha256 differs from the manifest (the shard changed after packing)"
+    ]
