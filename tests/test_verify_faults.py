@@ -904,3 +904,36 @@ def test_sha256_outputs_are_checked_with_sha256(cli, tmp_path):
     assert messages(report) == [
         f"{entry['file']}: sha256 differs from the manifest (the shard changed after packing)"
     ]
+
+
+def test_prompt_label_made_a_target_is_compared_with_the_source_labels(cli, packed, tmp_path):
+    """A -100 of the source's prompt turned into a target: the message quotes the source's
+    label (-100), not its token."""
+    out = copy_output(packed[0], tmp_path / "bad")
+    manifest = manifest_of(out)
+    for entry in manifest["shards"]:
+        rows = load_shard(out / entry["file"])
+        found = [
+            (r, k, t)
+            for r, row in enumerate(rows)
+            for k in range(len(row["sample_index"]))
+            if row["sample_offset"][k] == 0
+            for t in range(row["cu_seqlens"][k] + 1, row["cu_seqlens"][k + 1])
+            if row["labels"][t] == -100
+        ]
+        if found:
+            name = entry["file"]
+            break
+    r, k, t = found[0]
+    row = rows[r]
+    row["labels"][t] = row["input_ids"][t]
+    row["num_loss_tokens"] += 1
+    save_shard(out, name, rows, recount=True)
+    code, report = structural(cli, out, "--input", str(packed[1]))
+    assert code == 1
+    [failure] = report["checks"]["input"]["failures"]
+    t0 = row["cu_seqlens"][k]
+    assert failure["message"].endswith(
+        f": label {t - t0} of the sample is {row['input_ids'][t]} but the source has -100 "
+        f"({packed[1]}: line {row['sample_index'][k] + 1})"
+    )
