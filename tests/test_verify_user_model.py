@@ -69,6 +69,11 @@ def test_dtype_option_sets_the_model_dtype_and_tolerance(cli, packed, config_dir
     user = report["checks"]["user_model"]
     assert user["dtype"] == "bfloat16" and user["tolerance"] == 5e-2
     assert report["checks"]["attention"]["dtype"] == "bf16"
+    code, report = run_verify(
+        cli, packed[0], "--model", config_dir, "--rows", "1", "--dtype", "fp16"
+    )
+    assert code == 0, messages(report)
+    assert report["checks"]["user_model"]["dtype"] == "float16"
 
 
 def test_a_model_blind_to_context_fails_its_control(cli, packed, tmp_path):
@@ -125,7 +130,13 @@ def test_checkpoint_dir_loads_its_weights_eager(cli, packed, tmp_path):
     assert code == 0, messages(report)
     user = report["checks"]["user_model"]
     assert user["weights"] == "weights from the checkpoint"
-    assert user["attn_implementation"] == "eager"
+    assert (user["attn_implementation"], user["dtype"]) == ("eager", "float32")
+    # --dtype loads the checkpoint's weights in that dtype
+    code, report = run_verify(
+        cli, out, "--model", tmp_path / "ckpt", "--rows", "1", "--dtype", "bf16"
+    )
+    assert code == 0, messages(report)
+    assert report["checks"]["user_model"]["dtype"] == "bfloat16"
 
 
 def test_label_crossing_a_boundary_fails_the_user_model_check(cli, packed, config_dir, tmp_path):
