@@ -1,5 +1,5 @@
 """`pack_dataset`: pack token data already in memory, with the planner, checks and output of
-`packer pack`, and without writing files.
+`packer pack`.
 
 What comes back follows what goes in: a 🤗 `datasets.Dataset` gives a `Dataset`, a
 `pyarrow.Table` (or a sequence of token lists or numpy arrays) gives a `pyarrow.Table`, and any
@@ -11,14 +11,24 @@ the same codes and messages as the CLI, with `sample N` in place of a file and l
 by `pipeline.plan_samples` and gathered by the compiled kernel into one set of buffers, each
 record batch of the result a zero-copy view of them: the output's columns are the only memory
 that grows with the tokens.
+
+A file-backed `datasets.Dataset` (one with `cache_files`) is packed to a cache file instead, as
+`Dataset.map` does: the record batches are gathered into two reused buffers and written by
+`write_shards` as one Arrow IPC stream beside the input, then memory-mapped. Writing 5 GiB into
+memory never touched before costs a page fault per page (0.3-2 GiB/s on the development VM);
+reused buffers and a file whose pages leave the page cache as they are flushed do not.
 `datasets` is imported only when a Dataset comes in.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import mmap
+import os
 import sys
+import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -30,7 +40,8 @@ import pyarrow as pa
 from packer import __version__, hashing
 from packer import workers as workers_mod
 from packer.config import PackConfig
-from packer.errors import InputError, OptionError, SampleError, UsageError
+from packer.errors import InputError, OptionError, OutputError, SampleError, UsageError
+from packer.own_outputs import TMP_MARK
 from packer.pipeline import compute_stats, plan_samples
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, _plan_arrays, lower_bound, plan
@@ -39,11 +50,14 @@ from packer.read.formats import RawTable, _line_problem, _list_of_int
 from packer.read.reasons import REASON_CODE
 from packer.read.samples import Rejects, Samples, SourceFile, as_chunks
 from packer.read.validate import validate
+from packer.write.commit import _fsync_dir, _pid_alive, deferred_signals, os_reason
 from packer.write.gather import Buffers, shard_sizes
 from packer.write.shard_file import SCHEMA, shard_batch
-from packer.write.shards import batch_bounds, gather_batch
+from packer.write.shards import batch_bounds, gather_batch, write_shards
 
 SCHEMA_WITH_LENGTHS = SCHEMA.append(pa.field("seq_lengths", pa.list_(pa.int32())))
+CACHE_PREFIX = "cache-packer-"  # datasets' `cleanup_cache_files` removes `cache-*.arrow`
+SYNC_BYTES = 256 << 20  # a cache file is flushed and leaves the page cache every 256 MiB
 DEFAULT_WINDOW = 100_000  # samples per window when an iterable is packed
 _READ_CHUNK = 10_000  # samples of an iterable converted to Arrow at a time
 
@@ -277,6 +291,12 @@ def _seq_lengths(view: Buffers, rows: int, cu_entries: int) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(diffs[keep].astype(np.int32)))
 
 
+def _packed_batch(buf: Buffers, rows: int, tokens: int, cu_entries: int) -> pa.RecordBatch:
+    """A shard's record batch of the filled buffers plus `seq_lengths`."""
+    batch = shard_batch(buf, rows, tokens, cu_entries)
+    return batch.append_column("seq_lengths", _seq_lengths(buf, rows, cu_entries))
+
+
 def _fresh(n: int, dtype) -> np.ndarray:
     """An uninitialised array in its own anonymous mapping, without transparent huge pages.
 
@@ -351,8 +371,7 @@ def _gather(
         )
         a, b = bounds[k]
         tokens, cu_entries = gather_batch(samples, segs, pl, cfg, a, b, view)
-        batch = shard_batch(view, n, tokens, cu_entries)
-        batch = batch.append_column("seq_lengths", _seq_lengths(view, n, cu_entries))
+        batch = _packed_batch(view, n, tokens, cu_entries)
         return batch, int(view.loss[:n].sum()), tokens
 
     first = one(0)  # also builds the per-segment chunk lookup, once, before the threads
@@ -365,17 +384,77 @@ def _gather(
     return [d[0] for d in done], sum(d[1] for d in done), sum(d[2] for d in done)
 
 
-def _pack_raw(raw: RawTable, cfg: PackConfig, workers: int) -> tuple[pa.Table, dict]:
+def _remove_stale(path: Path) -> None:
+    """Remove the temporary files of earlier writes of `path` whose process has died."""
+    prefix = f".{path.name}{TMP_MARK}"
+    with contextlib.suppress(OSError):
+        for entry in path.parent.glob(glob.escape(prefix) + "*"):
+            pid = entry.name[len(prefix) :].split("-", 1)[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                entry.unlink(missing_ok=True)
+
+
+def _write_file(
+    samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, workers: int, path: Path
+) -> tuple[int, int]:
+    """Write the packed rows to `path` as one Arrow IPC stream; (loss tokens, tokens with
+    padding).
+
+    The record batches are those of the in-memory result, gathered into two reused buffers and
+    written by `write_shards` under a hidden temporary name beside `path`, flushed (and dropped
+    from the page cache) as they go, and renamed to `path` once complete: `path` is never a
+    partial file, and a failure leaves nothing. An existing `path` is replaced.
+    """
+    _remove_stale(path)
+    tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        (entry,) = write_shards(
+            samples,
+            segs,
+            pl,
+            cfg,
+            path.parent,
+            workers=workers,
+            names=lambda _: tmp.name,
+            schema=SCHEMA_WITH_LENGTHS,
+            batch=_packed_batch,
+            one_file=True,
+            sync_bytes=SYNC_BYTES,
+        )
+        with deferred_signals():
+            os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise OutputError(
+                f"cannot write the packed dataset: {os_reason(exc)}; nothing was written",
+                where=str(path),
+            ) from None
+        raise
+    return entry["loss_tokens"], entry["tokens"]
+
+
+def _pack_raw(
+    raw: RawTable, cfg: PackConfig, workers: int, path: Path | None = None
+) -> tuple[pa.Table | Path, dict]:
+    """(packed table, stats); with `path`, the rows are written there and `path` comes back."""
     samples, _, _ = _samples(raw, cfg)
     segs, pl, global_rows = plan_samples(samples, cfg)
-    batches, loss_tokens, all_tokens = _gather(samples, segs, pl, cfg, workers)
+    if path is None:
+        batches, loss_tokens, all_tokens = _gather(samples, segs, pl, cfg, workers)
+        packed = pa.Table.from_batches(batches, SCHEMA_WITH_LENGTHS)
+    else:
+        loss_tokens, all_tokens = _write_file(samples, segs, pl, cfg, workers, path)
+        packed = path
     pad_tokens = all_tokens - int(segs.length.sum())
     stats = compute_stats(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows)
     if samples.rejects:
         stats["rejects"] = [
             {k: v for k, v in r.items() if k != "file"} for r in samples.rejects.records
         ]
-    return pa.Table.from_batches(batches, SCHEMA_WITH_LENGTHS), stats
+    return packed, stats
 
 
 # --------------------------------------------------------------------------------------------
@@ -581,6 +660,8 @@ def pack_dataset(
     workers: int | None = None,
     labels: Iterable | None = None,
     return_stats: bool = False,
+    keep_in_memory: bool = False,
+    cache_file_name: str | os.PathLike | None = None,
 ):
     """Pack tokenized samples held in memory into rows of at most `max_len` tokens.
 
@@ -591,10 +672,21 @@ def pack_dataset(
     100,000 by default). The columns are those of `packer pack`'s shards plus `seq_lengths`;
     other input columns are not carried. The options mean what `packer pack`'s flags mean.
 
+    A file-backed Dataset (one with `cache_files`, e.g. from `load_from_disk`, `load_dataset`
+    or `Dataset.from_file`) is packed, as `Dataset.map` does, to a cache file in the directory
+    of its first cache file, `cache-packer-<fingerprint>.arrow` (one Arrow IPC stream), and the
+    result is that file memory-mapped; with `datasets.disable_caching()` the file goes to
+    datasets' temporary cache directory, removed at exit. The file is always written afresh
+    (never reused; an existing one is replaced), under a temporary name renamed into place once
+    complete. `keep_in_memory=True` packs into memory instead, as for an in-memory Dataset;
+    `cache_file_name` writes the file to that path instead (for any Dataset input). Either way
+    the rows and bytes are the same.
+
     Bad samples raise `packer.errors.SampleError`, bad options `OptionError` (both
-    `ValueError`s), with the CLI's messages naming `sample N`. `return_stats=True` returns
-    `(packed, stats)`, stats being the figures of `packer pack --json` (for an iterator they
-    are filled in once it is exhausted).
+    `ValueError`s), with the CLI's messages naming `sample N`; a cache file that cannot be
+    written raises `packer.errors.OutputError` naming its path, and leaves no file behind.
+    `return_stats=True` returns `(packed, stats)`, stats being the figures of
+    `packer pack --json` (for an iterator they are filled in once it is exhausted).
     """
     with _value_errors():
         if isinstance(labels_column, str) and not labels_column:
@@ -612,11 +704,19 @@ def pack_dataset(
             on_error=on_error,
         ).validate()
         n_workers = workers_mod.configure(workers) if workers else workers_mod.current()
+        if keep_in_memory and cache_file_name is not None:
+            raise UsageError("use either keep_in_memory=True or cache_file_name=, not both")
+        if cache_file_name is not None and not _is_dataset(data, "Dataset"):
+            raise UsageError(
+                "cache_file_name= is for a datasets.Dataset; "
+                f"a {type(data).__name__} is packed in memory"
+            )
         if _is_dataset(data, "Dataset"):
             if labels is not None:
                 raise UsageError("labels= is for token lists; a Dataset has a labels column")
             raw = RawTable(_dataset_table(data, cfg.input_column, labels_column))
-            table, stats = _pack_raw(raw, cfg, n_workers)
+            path = _cache_path(data, cfg, keep_in_memory, cache_file_name)
+            table, stats = _pack_raw(raw, cfg, n_workers, path)
             packed = _to_dataset(table, data, cfg)
         elif isinstance(data, (pa.Table, pa.RecordBatch)):
             if labels is not None:
@@ -642,12 +742,39 @@ def pack_dataset(
     return (packed, stats) if return_stats else packed
 
 
-def _to_dataset(table: pa.Table, source, cfg: PackConfig):
-    """A `datasets.Dataset` over the packed table, no copy; its fingerprint derives from the
-    input's and the options (datasets would otherwise hash every byte of the table)."""
-    import datasets
-
+def _fingerprint(source, cfg: PackConfig) -> str:
+    """The result's fingerprint: from the input's and the options (datasets would otherwise
+    hash every byte of an in-memory table)."""
     digest = hashing.new("xxh3_128")
     key = {"input": source._fingerprint, "config": cfg.to_dict(), "packer": __version__}
     digest.update(json.dumps(key, sort_keys=True).encode())
-    return datasets.Dataset(table, fingerprint=digest.hexdigest()[:16])
+    return digest.hexdigest()[:16]
+
+
+def _cache_path(ds, cfg: PackConfig, keep_in_memory: bool, cache_file_name) -> Path | None:
+    """Where the packed rows of `ds` are written, or None to pack them in memory: the choice
+    `Dataset.map` makes for its result."""
+    if cache_file_name is not None:
+        return Path(os.fspath(cache_file_name)).absolute()
+    if keep_in_memory or not ds.cache_files:
+        return None
+    import datasets
+
+    name = f"{CACHE_PREFIX}{_fingerprint(ds, cfg)}.arrow"
+    if datasets.is_caching_enabled():
+        return Path(ds.cache_files[0]["filename"]).absolute().parent / name
+    from datasets.fingerprint import get_temporary_cache_files_directory
+
+    return Path(get_temporary_cache_files_directory()) / name
+
+
+def _to_dataset(table: pa.Table | Path, source, cfg: PackConfig):
+    """A `datasets.Dataset` over the packed table (no copy) or the cache file it was written to
+    (memory-mapped, as `Dataset.from_file` maps it), with the fingerprint of `_fingerprint`."""
+    import datasets
+
+    if isinstance(table, Path):
+        from datasets.table import MemoryMappedTable
+
+        table = MemoryMappedTable.from_file(str(table))  # what `Dataset.from_file` reads
+    return datasets.Dataset(table, fingerprint=_fingerprint(source, cfg))

@@ -9,7 +9,9 @@ the value just before it. Memory-mapped input pages are file-backed and do not c
 (a) The lognormal benchmark (scripts/make_lognormal.py) held as a memory-mapped
     `datasets.Dataset`: `pack_dataset(ds, L, overlength="truncate")` vs
     `trl.pack_dataset(ds, L, strategy="bfd")` (TRL's bfd truncates too): time, rows and the
-    extra memory against the size of the packed output.
+    extra memory against the size of the packed output. Both write their result to a cache
+    file beside the input and return it memory-mapped (packer's `cache-packer-*.arrow`, TRL's
+    map `cache-*.arrow`); each run writes a fresh file, deleted after the run.
 (b) Python token lists (lognormal lengths capped at L - 2, since fast-axolotl appends an EOS
     and fails on a sample that fills a row): `pack_dataset(lists, L)` vs fast-axolotl's
     `pack_sequences(lists, L, pad_token_id=0, eos_token_id=2)` (`pip install fast-axolotl`,
@@ -64,7 +66,7 @@ class Peak:
 DATASET_PACKER = (
     PEAK
     + """
-import json, sys, time
+import json, os, sys, time
 import datasets, packer
 ds = datasets.Dataset.from_file(sys.argv[1])
 peak = Peak()
@@ -72,9 +74,11 @@ t = time.perf_counter()
 packed, stats = packer.pack_dataset(ds, int(sys.argv[2]), overlength="truncate", return_stats=True)
 seconds = time.perf_counter() - t
 extra = peak.stop()
+(cache,) = packed.cache_files  # the file-backed path: a memory-mapped cache file
 print(json.dumps({"seconds": seconds, "rows": packed.num_rows, "extra": extra,
                   "output": packed.data.table.nbytes, "lower_bound": stats["lower_bound"],
-                  "tokens": stats["tokens_in"], "efficiency": stats["efficiency"]}))
+                  "tokens": stats["tokens_in"], "efficiency": stats["efficiency"],
+                  "file": os.path.getsize(cache["filename"])}))
 """
 )
 
@@ -181,9 +185,10 @@ def dataset_file(data_dir: Path, samples: int) -> Path:
     return arrow
 
 
-def drop_caches(directory: Path) -> None:
-    """TRL's map writes its result as cache-*.arrow beside the input: remove it between runs."""
-    for path in directory.glob("cache-*.arrow"):
+def drop_caches(directory: Path, pattern: str = "cache-*.arrow") -> None:
+    """Both write their result as a cache file beside the input (TRL's map `cache-*.arrow`,
+    packer's `cache-packer-*.arrow`): remove it after each run, so that every run writes anew."""
+    for path in directory.glob(pattern):
         path.unlink()
 
 
@@ -220,8 +225,10 @@ def main() -> None:
     res: dict[str, list[dict]] = {}
     try:
         run(DATASET_PACKER, str(data), L)  # fills numba's cache, as any earlier use would
+        drop_caches(work, "cache-packer-*.arrow")
         for _ in range(args.runs):
             res.setdefault("packer", []).append(run(DATASET_PACKER, str(data), L))
+            drop_caches(work, "cache-packer-*.arrow")
             if trl:
                 res.setdefault("trl", []).append(run(DATASET_TRL, str(data), L))
                 drop_caches(work)
@@ -250,7 +257,11 @@ def main() -> None:
             f"{median(r, 'extra') / mib:,.0f} | {r[0]['output'] / mib:,.0f} | "
             f"{median(r, 'extra') / r[0]['output']:.2f} |"
         )
-    print(f"\nlower bound ⌈tokens / L⌉: {p[0]['lower_bound']:,} rows")
+    print(
+        f"\npacker's result: a memory-mapped cache file beside the input "
+        f"({p[0]['file'] / mib:,.0f} MiB on disk); output MiB is the result table's nbytes"
+    )
+    print(f"lower bound ⌈tokens / L⌉: {p[0]['lower_bound']:,} rows")
     if trl:
         t = res["trl"]
         print(

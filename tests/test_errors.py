@@ -600,11 +600,11 @@ def test_full_disk_while_writing_shards(
     real = packer.write.shards.open_shard
     calls = []
 
-    def open_shard(path, algorithm):
+    def open_shard(path, algorithm, *schema):
         calls.append(path)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(path, algorithm)
+        return real(path, algorithm, *schema)
 
     monkeypatch.setattr(packer.write.shards, "open_shard", open_shard)
     result = cli("pack", dataset, "-o", out, "-L", "256", "--shard-rows", "3", "--overwrite")

@@ -7,9 +7,12 @@ shards back and compares them with what `pack_dataset` returns for the same samp
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +21,7 @@ from conftest import make_samples, read_shards, to_table, write_jsonl
 
 import packer
 from packer import pack_dataset
-from packer.errors import OptionError, SampleError
+from packer.errors import OptionError, OutputError, SampleError
 from packer.write.shard_file import SCHEMA
 
 datasets = pytest.importorskip("datasets")
@@ -345,6 +348,290 @@ def test_output_is_built_on_one_set_of_buffers(monkeypatch):
         ends = [a + c.values.nbytes for a, c in zip(starts, chunks)]
         assert starts[1:] == ends[:-1]  # each batch starts where the previous one ended
     assert packer.pack_dataset is pack_dataset
+
+
+# --------------------------------------------------------------------------------------------
+# A file-backed Dataset is packed to a cache file beside its own (as `Dataset.map` does), through
+# reused buffers, and comes back memory-mapped: the same rows and bytes as in memory
+
+
+def on_disk(samples: list[dict], directory, how: str):
+    """The samples as a file-backed Dataset in `directory`: `Dataset.from_file` over an Arrow
+    stream, or `save_to_disk` + `load_from_disk`."""
+    if how == "from_file":
+        directory.mkdir(parents=True)
+        path = directory / "data.arrow"
+        table = datasets.Dataset.from_list(samples).data.table
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table, max_chunksize=37)
+        return datasets.Dataset.from_file(str(path))
+    datasets.Dataset.from_list(samples).save_to_disk(str(directory))
+    return datasets.load_from_disk(str(directory))
+
+
+def cache_file(packed) -> Path:
+    (entry,) = packed.cache_files
+    return Path(entry["filename"])
+
+
+def assert_same_tables(got: pa.Table, expected: pa.Table) -> None:
+    """Equal tables, column by column, with the same record batches."""
+    assert got.equals(expected)
+    assert got.column_names == expected.column_names == CONTRACT + ["seq_lengths"]
+    for name in expected.column_names:
+        assert got.column(name).type == expected.column(name).type, name
+        assert got.column(name).equals(expected.column(name)), name
+    assert [b.num_rows for b in got.to_batches()] == [b.num_rows for b in expected.to_batches()]
+
+
+def stream_bytes(table: pa.Table) -> bytes:
+    """The table's record batches as one Arrow IPC stream of the result schema."""
+    schema = SCHEMA.append(pa.field("seq_lengths", pa.list_(pa.int32())))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        for batch in table.replace_schema_metadata(None).to_batches():
+            writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+FILE_OPTIONS = [
+    dict(overlength="split"),
+    dict(overlength="truncate", pad=True, pad_id=7),
+    dict(strategy="ff-shuffle", overlength="drop", seed=3, shard_rows=None),
+]
+
+
+@pytest.mark.parametrize("how", ["from_file", "load_from_disk"])
+@pytest.mark.parametrize("options", FILE_OPTIONS, ids=["split", "pad", "shuffle-drop"])
+def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, how, options):
+    """Many record batches (of 4 rows) and a flush every batch or so: the file holds the rows,
+    record batches and bytes of the in-memory result, beside the input, with nothing else."""
+    options = {k: v for k, v in options.items() if k != "shard_rows"}
+    monkeypatch.setattr("packer.write.shards.BATCH_TOKENS", 4 * 128)
+    monkeypatch.setattr("packer.in_memory.SYNC_BYTES", 4096)
+    syncs = []
+    real_fsync = packer.write.shards.fsync_file
+
+    def fsync_file(path, drop_cache=False):
+        syncs.append((Path(path).name, drop_cache))
+        real_fsync(path, drop_cache)
+
+    monkeypatch.setattr(packer.write.shards, "fsync_file", fsync_file)
+    samples = make_samples(300, seed=4, median=30)
+    ds = on_disk(samples, tmp_path / "in", how)
+    before = set(os.listdir(tmp_path / "in"))
+
+    packed, stats = pack_dataset(ds, 128, return_stats=True, **options)
+    memory, memory_stats = pack_dataset(ds, 128, return_stats=True, keep_in_memory=True, **options)
+
+    path = cache_file(packed)
+    assert path.parent == tmp_path / "in"
+    assert path.name == f"cache-packer-{packed._fingerprint}.arrow"
+    assert packed._fingerprint == memory._fingerprint
+    assert set(os.listdir(tmp_path / "in")) == before | {path.name}  # no temporary file left
+    assert memory.cache_files == []
+    assert stats == memory_stats
+    assert packed.num_rows == memory.num_rows == stats["rows"] > 10
+    assert_same_tables(packed.data.table, memory.data.table)
+    assert packed["sample_index"] == memory["sample_index"]  # the same rows in the same order
+    assert path.read_bytes() == stream_bytes(memory.data.table)
+    # read back on its own: what datasets and pyarrow find in the file
+    again = datasets.Dataset.from_file(str(path))
+    assert_same_tables(again.data.table, memory.data.table)
+    assert pa.ipc.open_stream(str(path)).read_all().equals(memory.data.table)
+    # flushed and dropped from the page cache as it was written, not only once at the end
+    assert len(syncs) > 2 and {s for s in syncs} == {(syncs[0][0], True)}
+    assert syncs[0][0].startswith(f".{path.name}.packer-tmp-")
+
+
+def test_cache_file_is_written_afresh_with_the_same_bytes(tmp_path):
+    """Same input and options, same bytes; a file already there (even a stale or broken one) is
+    replaced, never reused."""
+    ds = on_disk(make_samples(200, seed=1, median=30), tmp_path / "in", "from_file")
+    first = pack_dataset(ds, 128, overlength="split")
+    path = cache_file(first)
+    data, inode = path.read_bytes(), path.stat().st_ino
+    second = pack_dataset(ds, 128, overlength="split")
+    assert cache_file(second) == path
+    assert path.stat().st_ino != inode and path.read_bytes() == data
+    assert first.data.table.equals(second.data.table)  # the first mapping is still intact
+    path.write_bytes(b"not arrow")
+    third = pack_dataset(ds, 128, overlength="split")
+    assert path.read_bytes() == data and third.data.table.equals(first.data.table)
+    other = pack_dataset(ds, 128, overlength="truncate")
+    assert cache_file(other) != path and other._fingerprint != first._fingerprint
+
+
+def test_selected_and_shuffled_file_backed_dataset(tmp_path):
+    ds = on_disk(make_samples(150, seed=5, median=20), tmp_path / "in", "load_from_disk")
+    ds = ds.shuffle(seed=1).select(range(90))
+    packed = pack_dataset(ds, 64, overlength="split")
+    memory = pack_dataset(ds, 64, overlength="split", keep_in_memory=True)
+    assert cache_file(packed).parent == tmp_path / "in"
+    assert_same_tables(packed.data.table, memory.data.table)
+
+
+def test_no_rows_is_an_empty_cache_file(tmp_path):
+    ds = on_disk([{"input_ids": [1] * 9}, {"input_ids": [2] * 10}], tmp_path / "in", "from_file")
+    packed, stats = pack_dataset(ds, 8, overlength="drop", return_stats=True)
+    assert packed.num_rows == 0 and stats["dropped"] == 2
+    assert cache_file(packed).is_file()
+    assert packed.column_names == CONTRACT + ["seq_lengths"]
+    memory = pack_dataset(ds, 8, overlength="drop", keep_in_memory=True)
+    assert cache_file(packed).read_bytes() == stream_bytes(memory.data.table)
+
+
+def test_in_memory_inputs_and_keep_in_memory_write_no_file(tmp_path):
+    samples = make_samples(80, seed=2, median=20)
+    ds = on_disk(samples, tmp_path / "in", "from_file")
+    before = sorted(os.listdir(tmp_path / "in"))
+    kept = pack_dataset(ds, 64, overlength="split", keep_in_memory=True)
+    assert kept.cache_files == [] and sorted(os.listdir(tmp_path / "in")) == before
+    in_memory = pack_dataset(datasets.Dataset.from_list(samples), 64, overlength="split")
+    assert in_memory.cache_files == []
+    assert in_memory.data.table.equals(kept.data.table)
+    assert isinstance(pack_dataset(to_table(samples), 64, overlength="split"), pa.Table)
+    lists = [s["input_ids"] for s in samples]
+    assert isinstance(pack_dataset(lists, 64, overlength="split", keep_in_memory=True), pa.Table)
+    assert sorted(os.listdir(tmp_path / "in")) == before
+
+
+def test_cache_file_name_chooses_the_path(tmp_path):
+    samples = make_samples(80, seed=2, median=20)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for i, ds in enumerate(
+        [on_disk(samples, tmp_path / "in", "from_file"), datasets.Dataset.from_list(samples)]
+    ):
+        target = elsewhere / f"packed-{i}.arrow"
+        packed = pack_dataset(ds, 64, overlength="split", cache_file_name=str(target))
+        assert cache_file(packed) == target
+        memory = pack_dataset(ds, 64, overlength="split", keep_in_memory=True)
+        assert packed.data.table.equals(memory.data.table)
+    # an in-memory Dataset goes to a file only when asked
+    assert pack_dataset(ds, 64, overlength="split").cache_files == []
+    assert sorted(os.listdir(elsewhere)) == ["packed-0.arrow", "packed-1.arrow"]
+    assert sorted(os.listdir(tmp_path / "in")) == ["data.arrow"]
+
+
+def test_cache_options_that_cannot_work(tmp_path):
+    ds = datasets.Dataset.from_list(make_samples(10, seed=2, median=5))
+    with pytest.raises(OptionError, match="either keep_in_memory=True or cache_file_name="):
+        pack_dataset(ds, 64, keep_in_memory=True, cache_file_name=str(tmp_path / "x.arrow"))
+    with pytest.raises(OptionError, match="cache_file_name= is for a datasets.Dataset; a list"):
+        pack_dataset([[1, 2]], 64, cache_file_name=str(tmp_path / "x.arrow"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_disabled_caching_writes_to_the_temporary_cache_directory(tmp_path):
+    """As `Dataset.map`: with caching off, the file goes to datasets' temporary directory."""
+    ds = on_disk(make_samples(80, seed=2, median=20), tmp_path / "in", "from_file")
+    datasets.disable_caching()
+    try:
+        packed = pack_dataset(ds, 64, overlength="split")
+    finally:
+        datasets.enable_caching()
+    from datasets.fingerprint import get_temporary_cache_files_directory
+
+    assert cache_file(packed).parent == Path(get_temporary_cache_files_directory())
+    assert sorted(os.listdir(tmp_path / "in")) == ["data.arrow"]
+
+
+def test_sample_errors_of_a_file_backed_dataset_write_nothing(tmp_path):
+    samples = make_samples(40, seed=2, median=10)
+    samples[6]["input_ids"] = []
+    ds = on_disk(samples, tmp_path / "in", "from_file")
+    with pytest.raises(SampleError, match=r"^sample 6: empty sample"):
+        pack_dataset(ds, 64, overlength="split")
+    assert sorted(os.listdir(tmp_path / "in")) == ["data.arrow"]
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes to read-only dirs"
+)
+def test_read_only_cache_directory_is_an_output_error(tmp_path):
+    ds = on_disk(make_samples(80, seed=2, median=20), tmp_path / "in", "from_file")
+    (tmp_path / "in").chmod(0o555)
+    try:
+        with pytest.raises(OutputError) as info:
+            pack_dataset(ds, 64, overlength="split")
+        entries = sorted(os.listdir(tmp_path / "in"))
+    finally:
+        (tmp_path / "in").chmod(0o755)
+    path = (
+        tmp_path
+        / "in"
+        / f"cache-packer-{pack_dataset(ds, 64, overlength='split')._fingerprint}.arrow"
+    )
+    message = str(info.value)
+    assert message.startswith(f"{path}: cannot write the packed dataset: Permission denied")
+    assert message.endswith("; nothing was written") and "\n" not in message
+    assert entries == ["data.arrow"]
+
+
+def test_cache_file_in_a_missing_directory_is_an_output_error(tmp_path):
+    """(Runs as root too, where a read-only directory is writable.)"""
+    ds = datasets.Dataset.from_list(make_samples(20, seed=2, median=10))
+    path = tmp_path / "missing" / "packed.arrow"
+    with pytest.raises(OutputError) as info:
+        pack_dataset(ds, 64, overlength="split", cache_file_name=path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: cannot write the packed dataset: No such file or directory")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "error", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()]
+)
+def test_a_failed_write_leaves_nothing(monkeypatch, tmp_path, error):
+    """A failure after some batches were written (a full disk, Ctrl-C) removes the temporary
+    file, leaves no cache file, and does not replace an earlier complete one."""
+    from packer.write.shard_file import ShardWriter
+
+    monkeypatch.setattr("packer.write.shards.BATCH_TOKENS", 4 * 128)
+    ds = on_disk(make_samples(300, seed=4, median=30), tmp_path / "in", "from_file")
+    real_add, adds = ShardWriter.add, []
+
+    def add(self, *args):
+        adds.append(self.path.name)
+        if len(adds) == 3:
+            raise error
+        return real_add(self, *args)
+
+    monkeypatch.setattr(ShardWriter, "add", add)
+    kind = OutputError if isinstance(error, OSError) else KeyboardInterrupt
+    with pytest.raises(kind) as info:
+        pack_dataset(ds, 128, overlength="split")
+    if kind is OutputError:
+        assert "cannot write the packed dataset: No space left on device" in str(info.value)
+    assert sorted(os.listdir(tmp_path / "in")) == ["data.arrow"]
+    # an earlier complete file stays as it was
+    monkeypatch.setattr(ShardWriter, "add", real_add)
+    path = cache_file(pack_dataset(ds, 128, overlength="split"))
+    data = path.read_bytes()
+    monkeypatch.setattr(ShardWriter, "add", add)
+    adds.clear()
+    with pytest.raises(kind):
+        pack_dataset(ds, 128, overlength="split")
+    assert path.read_bytes() == data
+    assert sorted(os.listdir(tmp_path / "in")) == sorted(["data.arrow", path.name])
+
+
+def test_temporary_files_of_dead_runs_are_removed(tmp_path):
+    ds = on_disk(make_samples(80, seed=2, median=20), tmp_path / "in", "from_file")
+    name = f"cache-packer-{pack_dataset(ds, 64, keep_in_memory=True, overlength='split')._fingerprint}.arrow"
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = tmp_path / "in" / f".{name}.packer-tmp-{dead.stdout.strip()}-0badc0de"
+    alive = tmp_path / "in" / f".{name}.packer-tmp-{os.getpid()}-0badc0de"
+    stale.write_bytes(b"partial")
+    alive.write_bytes(b"being written")
+    pack_dataset(ds, 64, overlength="split")
+    assert sorted(os.listdir(tmp_path / "in")) == sorted(["data.arrow", name, alive.name])
 
 
 # --------------------------------------------------------------------------------------------

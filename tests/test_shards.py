@@ -114,9 +114,9 @@ def test_failed_write_stops_the_queue_and_closes_the_shard(tmp_path, monkeypatch
     opened, adds = [], []
     real_open, real_add = packer.write.shards.open_shard, ShardWriter.add
 
-    def open_shard(path, algorithm):
+    def open_shard(path, algorithm, *schema):
         opened.append(path.name)
-        return real_open(path, algorithm)
+        return real_open(path, algorithm, *schema)
 
     def add(self, *args):
         adds.append(self.path.name)

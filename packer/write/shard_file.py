@@ -83,12 +83,12 @@ def shard_batch(buf: Buffers, rows: int, tokens: int, cu_entries: int) -> pa.Rec
 class ShardWriter:
     """One shard file: record batches appended in order, hashed as they are written."""
 
-    def __init__(self, path: Path, algorithm: str = hashing.DEFAULT):
+    def __init__(self, path: Path, algorithm: str = hashing.DEFAULT, schema: pa.Schema = SCHEMA):
         self.path = path
         self.algorithm = algorithm
         self._sink = _HashingFile(path, algorithm)
         try:
-            self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
+            self._writer = pa.ipc.new_stream(self._sink, schema)
         except BaseException:
             self._sink.close()
             raise
@@ -100,6 +100,11 @@ class ShardWriter:
         self.tokens += tokens
         self.segments += segments
         self.loss_tokens += loss_tokens
+
+    @property
+    def bytes(self) -> int:
+        """Bytes written to the file so far."""
+        return self._sink.bytes
 
     def close(self) -> dict:
         """Finish the stream; return the shard's manifest entry."""

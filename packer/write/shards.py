@@ -20,6 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from packer import workers as workers_mod
 from packer.config import PackConfig
@@ -28,9 +29,11 @@ from packer.planning.strategies import Plan
 from packer.read.samples import Samples, as_chunks
 from packer.write.commit import fsync_file
 from packer.write.gather import Buffers, gather_rows, shard_sizes
-from packer.write.shard_file import ShardWriter, shard_batch
+from packer.write.shard_file import SCHEMA, ShardWriter, shard_batch
 
 Progress = Callable[[str, int, int], None]
+# (buffers, rows, tokens, cu_seqlens entries) -> the record batch written for them
+BatchOf = Callable[[Buffers, int, int, int], pa.RecordBatch]
 
 BATCH_TOKENS = 1 << 20  # per record batch (4 MiB per int32 column); one row when L is larger
 
@@ -141,9 +144,9 @@ def gather_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig) -> B
     return buf
 
 
-def open_shard(path: Path, algorithm: str) -> ShardWriter:
+def open_shard(path: Path, algorithm: str, schema: pa.Schema = SCHEMA) -> ShardWriter:
     """A new shard file (a seam for fault-injection tests)."""
-    return ShardWriter(path, algorithm)
+    return ShardWriter(path, algorithm, schema)
 
 
 def write_shards(
@@ -155,12 +158,37 @@ def write_shards(
     progress: Progress | None = None,
     workers: int | None = None,
     names: Callable[[int], str] | None = None,
+    *,
+    schema: pa.Schema = SCHEMA,
+    batch: BatchOf = shard_batch,
+    one_file: bool = False,
+    sync_bytes: int | None = None,
 ) -> list[dict]:
     """Write every shard of the plan into `out_dir`; return their manifest entries in order.
 
     names: the file name of shard i (default `shard-00000.arrow`, ...).
+    schema, batch: the files' schema and the record batch of a filled buffer (the shards'
+    columns by default; `pack_dataset` adds `seq_lengths`).
+    one_file: every record batch goes into one file, `names(0)`, written even when the plan has
+    no rows; the batches are those of the shards all the same.
+    sync_bytes: also flush the file being written, and drop its pages from the page cache,
+    every time this many more bytes have been written (a file of many GiB otherwise fills the
+    page cache until it is closed).
     """
     bounds = batch_bounds(pl, cfg)
+    if one_file:
+        bounds = [(0, a, b) for _, a, b in bounds]
+        if not bounds:
+            writer = open_shard(
+                out_dir / (names(0) if names else "shard-00000.arrow"), cfg.hash, schema
+            )
+            try:
+                entry = writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+            fsync_file(writer.path, drop_cache=True)
+            return [entry]
     num_shards = bounds[-1][0] + 1 if bounds else 0
     width = max(5, len(str(num_shards)))
     workers = workers or default_workers()
@@ -170,7 +198,7 @@ def write_shards(
     entries: list[dict] = []
     syncs: list[Future] = []
     # touched by the writer thread only; after a failure, batches still queued do nothing
-    state: dict = {"shard": -1, "writer": None, "failed": False}
+    state: dict = {"shard": -1, "writer": None, "failed": False, "synced": 0}
     pending: list[tuple[Future, int] | None] = [None] * n_buffers
     done_rows = [0]
 
@@ -181,10 +209,11 @@ def write_shards(
             shard, _, _ = bounds[k]
             if state["shard"] != shard:
                 name = names(shard) if names else f"shard-{shard:0{width}d}.arrow"
-                state["shard"], state["writer"] = shard, open_shard(out_dir / name, cfg.hash)
+                writer = open_shard(out_dir / name, cfg.hash, schema)
+                state["shard"], state["writer"], state["synced"] = shard, writer, 0
             writer = state["writer"]
             writer.add(
-                shard_batch(buf, rows, tokens, cu_entries),
+                batch(buf, rows, tokens, cu_entries),
                 tokens,
                 int(buf.sample_row_offsets[rows]),
                 int(buf.loss[:rows].sum()),
@@ -192,6 +221,9 @@ def write_shards(
             if k + 1 == len(bounds) or bounds[k + 1][0] != shard:
                 state["writer"] = None
                 entries.append(writer.close())
+                syncs.append(syncer.submit(fsync_file, writer.path, drop_cache=True))
+            elif sync_bytes and writer.bytes - state["synced"] >= sync_bytes:
+                state["synced"] = writer.bytes
                 syncs.append(syncer.submit(fsync_file, writer.path, drop_cache=True))
         except BaseException:
             state["failed"] = True
