@@ -420,6 +420,7 @@ def _write_file(
             batch=_packed_batch,
             one_file=True,
             sync_bytes=SYNC_BYTES,
+            hashed=False,
         )
         with deferred_signals():
             os.replace(tmp, path)
@@ -774,7 +775,23 @@ def _to_dataset(table: pa.Table | Path, source, cfg: PackConfig):
     import datasets
 
     if isinstance(table, Path):
-        from datasets.table import MemoryMappedTable
-
-        table = MemoryMappedTable.from_file(str(table))  # what `Dataset.from_file` reads
+        table = _mapped_table(table)
     return datasets.Dataset(table, fingerprint=_fingerprint(source, cfg))
+
+
+def _mapped_table(path: Path):
+    """The cache file as a `MemoryMappedTable` (what `Dataset.from_file` returns), opened
+    without reading its body.
+
+    `from_file` maps it with `pyarrow.memory_map`, which advises the kernel to read every
+    record batch it opens (MADV_WILLNEED): 3.2 of 4.9 GiB read back from disk, 3-4.5 s, right
+    after writing it. A plain `mmap` faults pages in only when a row is read, and the batches'
+    headers are still cached (`write_shards`' `one_file`): 0.2 s. Pickled (for `map` workers),
+    the table reopens by path as `from_file` does.
+    """
+    from datasets.table import MemoryMappedTable
+
+    with open(path, "rb") as fh:
+        region = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    table = pa.ipc.open_stream(pa.py_buffer(region)).read_all()  # the buffer holds `region`
+    return MemoryMappedTable(table, str(path))

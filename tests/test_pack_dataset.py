@@ -409,12 +409,13 @@ def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, ho
     options = {k: v for k, v in options.items() if k != "shard_rows"}
     monkeypatch.setattr("packer.write.shards.BATCH_TOKENS", 4 * 128)
     monkeypatch.setattr("packer.in_memory.SYNC_BYTES", 4096)
-    syncs = []
+    syncs, heads = [], []
     real_fsync = packer.write.shards.fsync_file
 
-    def fsync_file(path, drop_cache=False):
+    def fsync_file(path, drop_cache=False, keep=()):
         syncs.append((Path(path).name, drop_cache))
-        real_fsync(path, drop_cache)
+        heads.append(list(keep))
+        real_fsync(path, drop_cache, keep)
 
     monkeypatch.setattr(packer.write.shards, "fsync_file", fsync_file)
     samples = make_samples(300, seed=4, median=30)
@@ -442,6 +443,14 @@ def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, ho
     # flushed and dropped from the page cache as it was written, not only once at the end
     assert len(syncs) > 2 and {s for s in syncs} == {(syncs[0][0], True)}
     assert syncs[0][0].startswith(f".{path.name}.packer-tmp-")
+    # what stays cached: the start of every IPC message (schema, then one per record batch,
+    # each opening with the 0xFFFFFFFF continuation marker), and the end-of-stream mark
+    data = path.read_bytes()
+    *messages, tail = heads[-1]
+    assert len(messages) == 1 + len(memory.data.table.to_batches())
+    assert all(data[m : m + 4] == b"\xff\xff\xff\xff" for m in messages)
+    assert tail == max(0, len(data) - 8192) and data.endswith(b"\xff\xff\xff\xff\0\0\0\0")
+    assert all(h == heads[-1][: len(h)] for h in heads[:-1])  # each sync keeps the heads so far
 
 
 def test_cache_file_is_written_afresh_with_the_same_bytes(tmp_path):

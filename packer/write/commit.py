@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -180,18 +180,31 @@ def discard(tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def fsync_file(path: Path, drop_cache: bool = False) -> None:
+KEEP_BYTES = 8192  # an IPC message's header (its flatbuffer metadata) fits well within this
+
+
+def fsync_file(path: Path, drop_cache: bool = False, keep: Sequence[int] = ()) -> None:
     """Flush a file to disk; with `drop_cache`, then release its now clean cached pages.
 
     Shards are written once and not read back by packer: keeping gigabytes of them in the page
     cache only makes every later write wait for free memory (the kernel reclaiming pages, a
     virtual machine's host handing them back). Released pages are reused at once instead.
+
+    keep: offsets whose first `KEEP_BYTES` stay cached: the record batches' headers of a file
+    that is memory-mapped next (`pack_dataset`). Opening the stream reads every header; dropped,
+    each one is a page fault whose read-ahead pulls megabytes of the body from disk (4.5 s for
+    a 5 GiB file here, against 0.05 s with the headers cached).
     """
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
         if drop_cache and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            start = 0  # DONTNEED rounds inward: a page partly kept is kept whole
+            for offset in sorted(keep):
+                if offset > start:
+                    os.posix_fadvise(fd, start, offset - start, os.POSIX_FADV_DONTNEED)
+                start = max(start, offset + KEEP_BYTES)
+            os.posix_fadvise(fd, start, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 

@@ -28,17 +28,19 @@ SCHEMA = pa.schema(
 
 
 class _HashingFile:
-    """A write-only file that hashes what passes through, so shards are never read back."""
+    """A write-only file that hashes what passes through, so shards are never read back
+    (`algorithm=None`: a file no manifest lists, not hashed)."""
 
-    def __init__(self, path: Path, algorithm: str):
+    def __init__(self, path: Path, algorithm: str | None):
         self._fh = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self.digest = hashing.new(algorithm)
+        self.digest = hashing.new(algorithm) if algorithm else None
         self.bytes = 0
         self.closed = False
 
     def write(self, data) -> int:
         view = memoryview(data)
-        self.digest.update(view)
+        if self.digest is not None:
+            self.digest.update(view)
         self._fh.write(view)
         self.bytes += view.nbytes
         return view.nbytes
@@ -83,7 +85,9 @@ def shard_batch(buf: Buffers, rows: int, tokens: int, cu_entries: int) -> pa.Rec
 class ShardWriter:
     """One shard file: record batches appended in order, hashed as they are written."""
 
-    def __init__(self, path: Path, algorithm: str = hashing.DEFAULT, schema: pa.Schema = SCHEMA):
+    def __init__(
+        self, path: Path, algorithm: str | None = hashing.DEFAULT, schema: pa.Schema = SCHEMA
+    ):
         self.path = path
         self.algorithm = algorithm
         self._sink = _HashingFile(path, algorithm)
@@ -112,15 +116,17 @@ class ShardWriter:
             self._writer.close()
         finally:
             self._sink.close()
-        return {
+        entry = {
             "file": self.path.name,
             "rows": self.rows,
             "tokens": self.tokens,
             "segments": self.segments,
             "loss_tokens": self.loss_tokens,
             "bytes": self._sink.bytes,
-            self.algorithm: self._sink.digest.hexdigest(),
         }
+        if self._sink.digest is not None:
+            entry[self.algorithm] = self._sink.digest.hexdigest()
+        return entry
 
     def abort(self) -> None:
         """Close the file after a failure; its directory is discarded by the caller."""

@@ -27,7 +27,7 @@ from packer.config import PackConfig
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan
 from packer.read.samples import Samples, as_chunks
-from packer.write.commit import fsync_file
+from packer.write.commit import KEEP_BYTES, fsync_file
 from packer.write.gather import Buffers, gather_rows, shard_sizes
 from packer.write.shard_file import SCHEMA, ShardWriter, shard_batch
 
@@ -144,7 +144,7 @@ def gather_all(samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig) -> B
     return buf
 
 
-def open_shard(path: Path, algorithm: str, schema: pa.Schema = SCHEMA) -> ShardWriter:
+def open_shard(path: Path, algorithm: str | None, schema: pa.Schema = SCHEMA) -> ShardWriter:
     """A new shard file (a seam for fault-injection tests)."""
     return ShardWriter(path, algorithm, schema)
 
@@ -163,6 +163,7 @@ def write_shards(
     batch: BatchOf = shard_batch,
     one_file: bool = False,
     sync_bytes: int | None = None,
+    hashed: bool = True,
 ) -> list[dict]:
     """Write every shard of the plan into `out_dir`; return their manifest entries in order.
 
@@ -170,17 +171,21 @@ def write_shards(
     schema, batch: the files' schema and the record batch of a filled buffer (the shards'
     columns by default; `pack_dataset` adds `seq_lengths`).
     one_file: every record batch goes into one file, `names(0)`, written even when the plan has
-    no rows; the batches are those of the shards all the same.
+    no rows; the batches are those of the shards all the same. Its batches' headers stay in
+    the page cache (`fsync_file`'s `keep`), since the caller memory-maps the file next.
     sync_bytes: also flush the file being written, and drop its pages from the page cache,
     every time this many more bytes have been written (a file of many GiB otherwise fills the
     page cache until it is closed).
+    hashed: hash each file as it is written (`cfg.hash`), for a manifest; `pack_dataset`'s
+    cache file has none and skips it (0.5 s of a core for 5 GiB).
     """
+    algorithm = cfg.hash if hashed else None
     bounds = batch_bounds(pl, cfg)
     if one_file:
         bounds = [(0, a, b) for _, a, b in bounds]
         if not bounds:
             writer = open_shard(
-                out_dir / (names(0) if names else "shard-00000.arrow"), cfg.hash, schema
+                out_dir / (names(0) if names else "shard-00000.arrow"), algorithm, schema
             )
             try:
                 entry = writer.close()
@@ -198,7 +203,7 @@ def write_shards(
     entries: list[dict] = []
     syncs: list[Future] = []
     # touched by the writer thread only; after a failure, batches still queued do nothing
-    state: dict = {"shard": -1, "writer": None, "failed": False, "synced": 0}
+    state: dict = {"shard": -1, "writer": None, "failed": False, "synced": 0, "heads": []}
     pending: list[tuple[Future, int] | None] = [None] * n_buffers
     done_rows = [0]
 
@@ -209,9 +214,12 @@ def write_shards(
             shard, _, _ = bounds[k]
             if state["shard"] != shard:
                 name = names(shard) if names else f"shard-{shard:0{width}d}.arrow"
-                writer = open_shard(out_dir / name, cfg.hash, schema)
+                writer = open_shard(out_dir / name, algorithm, schema)
                 state["shard"], state["writer"], state["synced"] = shard, writer, 0
+                state["heads"] = [0] if one_file else []  # the schema message
             writer = state["writer"]
+            if one_file:
+                state["heads"].append(writer.bytes)
             writer.add(
                 batch(buf, rows, tokens, cu_entries),
                 tokens,
@@ -221,10 +229,11 @@ def write_shards(
             if k + 1 == len(bounds) or bounds[k + 1][0] != shard:
                 state["writer"] = None
                 entries.append(writer.close())
-                syncs.append(syncer.submit(fsync_file, writer.path, drop_cache=True))
+                heads = state["heads"] + ([max(0, writer.bytes - KEEP_BYTES)] if one_file else [])
+                syncs.append(syncer.submit(fsync_file, writer.path, True, heads))  # + end mark
             elif sync_bytes and writer.bytes - state["synced"] >= sync_bytes:
                 state["synced"] = writer.bytes
-                syncs.append(syncer.submit(fsync_file, writer.path, drop_cache=True))
+                syncs.append(syncer.submit(fsync_file, writer.path, True, list(state["heads"])))
         except BaseException:
             state["failed"] = True
             if state["writer"] is not None:
