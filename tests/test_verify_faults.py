@@ -38,6 +38,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 packed = test_verify_cli.packed  # 80 samples, some split, L = 128, 8 rows per shard
 
 
+CHECKS = ["structure", "manifest", "input", "attention", "negative_control", "model", "user_model"]
+
+
 def manifest_of(out: Path) -> dict:
     return json.loads((out / "manifest.json").read_text())
 
@@ -491,15 +494,7 @@ def test_report_shape_and_failure_fields(cli, packed, tmp_path):
     assert list(report) == ["ok", "output", "seconds", "failure_count", "not_run", "checks"]
     assert report["ok"] is False and report["output"] == str(out)
     assert report["failure_count"] == 2 and 0 < report["seconds"] < 600
-    assert list(report["checks"]) == [
-        "structure",
-        "manifest",
-        "input",
-        "attention",
-        "negative_control",
-        "model",
-        "user_model",
-    ]
+    assert list(report["checks"]) == CHECKS
     for check, body in report["checks"].items():
         assert all(f["check"] == check for f in body["failures"])
     [structure] = report["checks"]["structure"]["failures"]
@@ -666,15 +661,7 @@ def test_python_defaults_and_reasons(packed):
     from packer.verify import verify
 
     result = verify(packed[0], rows=1)  # default seed 0, no model checks
-    assert list(result.checks) == [
-        "structure",
-        "manifest",
-        "input",
-        "attention",
-        "negative_control",
-        "model",
-        "user_model",
-    ]
+    assert list(result.checks) == CHECKS
     assert all(name == check.name for name, check in result.checks.items())
     assert result.ok and result.checks["attention"].details["rows"] == 1
     assert result.to_dict()["not_run"] == ["input", "model", "user_model"]
