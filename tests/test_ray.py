@@ -154,17 +154,29 @@ def test_without_ray_installed_the_ray_engine_is_one_line_and_writes_nothing(tmp
     assert list(tmp_path.iterdir()) == []
 
 
-def test_each_block_task_reserves_the_memory_budget():
-    """The Ray options of a block task reserve what `--memory-budget` allows one task."""
+def test_each_block_task_reserves_what_its_blocks_need():
+    """A block task reserves its largest block's decoded table and flat copy plus the gather
+    buffers, never more than `--memory-budget` (which a block task cannot exceed)."""
     from packer.engines.blocks import block_memory
     from packer.engines.ray import MAX_RETRIES, task_options
+    from packer.read.blocks import BlockSpec
     from packer.read.cache import parse_size
+    from packer.write.shards import BATCH_TOKENS
+
+    def spec(decoded):
+        return BlockSpec(0, "f.parquet", "parquet", 0, 1, 10, 0, decoded=decoded)
 
     budget = parse_size("3GiB")
-    assert task_options(block_memory(budget)) == {
+    specs = [spec(40 << 20), spec(64 << 20), spec(8 << 20)]
+    buffers = 2 * BATCH_TOKENS * 32
+    assert block_memory(specs, budget, 2048) == 2 * (64 << 20) + buffers
+    assert block_memory(specs, budget, 4 * BATCH_TOKENS) == 2 * (64 << 20) + 4 * buffers
+    assert block_memory([spec(1600 << 20)], budget, 2048) == budget
+    assert block_memory([], budget, 2048) == buffers
+    assert task_options(block_memory(specs, budget, 2048)) == {
         "num_cpus": 1,
         "max_retries": MAX_RETRIES,
         "retry_exceptions": False,
-        "memory": 3 << 30,
+        "memory": 2 * (64 << 20) + buffers,
     }
     assert "memory" not in task_options()  # scans and tail tasks reserve nothing

@@ -38,6 +38,12 @@ BatchOf = Callable[[Buffers, int, int, int], pa.RecordBatch]
 BATCH_TOKENS = 1 << 20  # per record batch (4 MiB per int32 column); one row when L is larger
 
 
+def gather_buffer_bytes(max_len: int) -> int:
+    """An upper bound on the two reused gather buffers: per token three int32 columns (12
+    bytes) and at most one segment's cu_seqlens, sample_index and sample_offset entries (16)."""
+    return 2 * max(BATCH_TOKENS, max_len) * 32
+
+
 def shard_bounds(num_rows: int, rows_per_shard: int) -> list[tuple[int, int]]:
     starts = list(range(0, num_rows, rows_per_shard))
     return [(a, min(a + rows_per_shard, num_rows)) for a in starts]
