@@ -2,7 +2,7 @@
 
 Uneven numbers of batches across ranks hang data-parallel runs (a rank that finishes early never
 joins the next collective), and uneven compute makes every step wait for its slowest rank. Every
-epoch is planned globally by `packer.balance.plan_batches` (numpy only, so `packer plan` can
+epoch is planned globally by `packer.planning.balance.plan_batches` (numpy only, so `packer plan` can
 model the same plans without torch), then split:
 
 1. Rows are shuffled with a generator seeded by `(seed, epoch)` (or kept in order) and cut into

@@ -10,7 +10,7 @@ The gather kernel releases the GIL, and hashing plus writing spend their time in
 the kernel's write path, so with two buffers batch i+1 is gathered while batch i is written.
 With `workers=1` the same work runs in sequence. Each finished shard is flushed to disk on a
 third thread, which only waits on the device, so the final commit has little left to sync, and
-its pages leave the page cache so that later shards reuse them (see `output.fsync_file`).
+its pages leave the page cache so that later shards reuse them (see `commit.fsync_file`).
 """
 
 from __future__ import annotations
