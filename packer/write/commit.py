@@ -192,8 +192,8 @@ def fsync_file(path: Path, drop_cache: bool = False, keep: Sequence[int] = ()) -
 
     keep: offsets whose first `KEEP_BYTES` stay cached: the record batches' headers of a file
     that is memory-mapped next (`pack_dataset`). Opening the stream reads every header; dropped,
-    each one is a page fault whose read-ahead pulls megabytes of the body from disk (4.5 s for
-    a 5 GiB file here, against 0.05 s with the headers cached).
+    each one is a page fault whose read-ahead pulls megabytes of the body from disk (2.9 s to
+    open a 5 GiB file through a plain mmap here, against 0.2 s with the headers cached).
     """
     fd = os.open(path, os.O_RDONLY)
     try:
