@@ -401,14 +401,30 @@ FILE_OPTIONS = [
 ]
 
 
+@pytest.mark.parametrize("io", ["direct", "buffered"])
 @pytest.mark.parametrize("how", ["from_file", "load_from_disk"])
 @pytest.mark.parametrize("options", FILE_OPTIONS, ids=["split", "pad", "shuffle-drop"])
-def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, how, options):
-    """Many record batches (of 4 rows) and a flush every batch or so: the file holds the rows,
-    record batches and bytes of the in-memory result, beside the input, with nothing else."""
+def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, how, options, io):
+    """Many record batches (of 4 rows), staged 8 KiB at a time around the page cache, or
+    written through it (where the file system refuses O_DIRECT) with a flush every batch or
+    so: the file holds the rows, record batches and bytes of the in-memory result, beside the
+    input, with nothing else."""
+    from packer.write import direct
+
     options = {k: v for k, v in options.items() if k != "shard_rows"}
     monkeypatch.setattr("packer.write.shards.BATCH_TOKENS", 4 * 128)
     monkeypatch.setattr("packer.in_memory.SYNC_BYTES", 4096)
+    monkeypatch.setattr(direct, "STAGE_BYTES", 8192)
+    if io == "buffered":
+        monkeypatch.delattr(os, "O_DIRECT", raising=False)
+    files = []
+    real_close = direct.DirectFile.close
+
+    def close(self):
+        files.append((self.path.name, self.direct))
+        real_close(self)
+
+    monkeypatch.setattr(direct.DirectFile, "close", close)
     syncs, heads = [], []
     real_fsync = packer.write.shards.fsync_file
 
@@ -440,9 +456,18 @@ def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, ho
     again = datasets.Dataset.from_file(str(path))
     assert_same_tables(again.data.table, memory.data.table)
     assert pa.ipc.open_stream(str(path)).read_all().equals(memory.data.table)
+    (name, went_direct), *others = files
+    assert not others and name.startswith(f".{path.name}.packer-tmp-")
+    if io == "direct":
+        if not went_direct:
+            pytest.skip(f"the file system of {tmp_path} refuses O_DIRECT")
+        assert len(path.read_bytes()) > 4 * 8192  # several stages, then a tail cut to size
+        assert syncs == [(name, True)]  # synced once, complete; nothing was cached to drop
+        return
+    assert not went_direct
     # flushed and dropped from the page cache as it was written, not only once at the end
     assert len(syncs) > 2 and {s for s in syncs} == {(syncs[0][0], True)}
-    assert syncs[0][0].startswith(f".{path.name}.packer-tmp-")
+    assert syncs[0][0] == name
     # what stays cached: the start of every IPC message (schema, then one per record batch,
     # each opening with the 0xFFFFFFFF continuation marker), and the end-of-stream mark
     data = path.read_bytes()

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer import hashing
+from packer.write.direct import DirectFile
 from packer.write.gather import Buffers
 
 SCHEMA = pa.schema(
@@ -31,8 +32,8 @@ class _HashingFile:
     """A write-only file that hashes what passes through, so shards are never read back
     (`algorithm=None`: a file no manifest lists, not hashed)."""
 
-    def __init__(self, path: Path, algorithm: str | None):
-        self._fh = open(path, "wb")  # noqa: SIM115 - closed in close()
+    def __init__(self, path: Path, algorithm: str | None, direct: bool = False):
+        self._fh = DirectFile(path) if direct else open(path, "wb")  # noqa: SIM115 - closed in close()
         self.digest = hashing.new(algorithm) if algorithm else None
         self.bytes = 0
         self.closed = False
@@ -50,8 +51,14 @@ class _HashingFile:
 
     def close(self) -> None:
         if not self.closed:
-            self._fh.close()
             self.closed = True
+            self._fh.close()
+
+    def abort(self) -> None:
+        """Close without finishing: a `DirectFile` drops what it still has staged."""
+        if not self.closed:
+            self.closed = True
+            getattr(self._fh, "abort", self._fh.close)()
 
 
 def _array(values: np.ndarray) -> pa.Array:
@@ -86,15 +93,20 @@ class ShardWriter:
     """One shard file: record batches appended in order, hashed as they are written."""
 
     def __init__(
-        self, path: Path, algorithm: str | None = hashing.DEFAULT, schema: pa.Schema = SCHEMA
+        self,
+        path: Path,
+        algorithm: str | None = hashing.DEFAULT,
+        schema: pa.Schema = SCHEMA,
+        direct: bool = False,
     ):
+        """direct: write around the page cache (`DirectFile`), for a file not read back soon."""
         self.path = path
         self.algorithm = algorithm
-        self._sink = _HashingFile(path, algorithm)
+        self._sink = _HashingFile(path, algorithm, direct)
         try:
             self._writer = pa.ipc.new_stream(self._sink, schema)
         except BaseException:
-            self._sink.close()
+            self._sink.abort()
             raise
         self.rows = self.tokens = self.segments = self.loss_tokens = 0
 
@@ -109,6 +121,11 @@ class ShardWriter:
     def bytes(self) -> int:
         """Bytes written to the file so far."""
         return self._sink.bytes
+
+    @property
+    def direct(self) -> bool:
+        """Whether the file is written around the page cache (nothing of it to flush)."""
+        return getattr(self._sink._fh, "direct", False)
 
     def close(self) -> dict:
         """Finish the stream; return the shard's manifest entry."""
@@ -130,4 +147,4 @@ class ShardWriter:
 
     def abort(self) -> None:
         """Close the file after a failure; its directory is discarded by the caller."""
-        self._sink.close()
+        self._sink.abort()
