@@ -105,8 +105,12 @@ ids = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(ids, max_size=12), st.booleans())
 def test_ids_valid_matches_reference(values, allow_ignore):
-    src = np.array(values, np.int64)
-    assert ids_valid(src, allow_ignore) == ids_valid_reference(values, allow_ignore)
+    want = ids_valid_reference(values, allow_ignore)
+    assert ids_valid(np.array(values, np.int64), allow_ignore) == want
+    for dtype in (np.int32, np.int16, np.uint32, np.uint64):  # each that holds the values
+        info = np.iinfo(dtype)
+        if all(info.min <= v <= info.max for v in values):
+            assert ids_valid(np.array(values, dtype), allow_ignore) == want, dtype
 
 
 def test_gather_chunks_are_int32_arrays_with_their_addresses():

@@ -209,7 +209,10 @@ def write_shards(
     num_shards = bounds[-1][0] + 1 if bounds else 0
     width = max(5, len(str(num_shards)))
     workers = workers or default_workers()
-    n_buffers = 2 if workers > 1 and len(bounds) > 1 else 1
+    # the main thread gathers, one thread writes; around the page cache writing costs little
+    # CPU, so more threads gather (batch k on thread k % gatherers) and the cores stay busy
+    gatherers = min(workers, len(bounds)) if direct and workers > 1 else 1
+    n_buffers = gatherers + 1 if workers > 1 and len(bounds) > 1 else 1
     sizes = allocation(pl, segs, cfg, bounds)
     buffers = [Buffers.allocate(*sizes) for _ in range(n_buffers)]
     entries: list[dict] = []
@@ -253,13 +256,21 @@ def write_shards(
                 state["writer"] = None
             raise
 
+    def write_gathered(k: int, buf: Buffers, rows: int, gathered: Future) -> None:
+        tokens, cu_entries = gathered.result()
+        write(k, buf, rows, tokens, cu_entries)
+
     def finish(future: Future, rows: int) -> None:
         future.result()
         done_rows[0] += rows
         if progress:
             progress("write", done_rows[0], pl.num_rows)
 
-    with ThreadPoolExecutor(max_workers=1) as pool, ThreadPoolExecutor(max_workers=1) as syncer:
+    with (
+        ThreadPoolExecutor(max_workers=1) as pool,
+        ThreadPoolExecutor(max_workers=1) as syncer,
+        ThreadPoolExecutor(max_workers=max(1, gatherers - 1)) as helpers,
+    ):
         try:
             for k, (_, a, b) in enumerate(bounds):
                 slot = k % n_buffers
@@ -267,8 +278,12 @@ def write_shards(
                     finish(*pending[slot])
                     pending[slot] = None
                 buf = buffers[slot]
-                tokens, cu_entries = gather_batch(samples, segs, pl, cfg, a, b, buf)
-                future = pool.submit(write, k, buf, b - a, tokens, cu_entries)
+                if k % gatherers:  # batch 0 first on this thread: `_sources` is built once
+                    gathered = helpers.submit(gather_batch, samples, segs, pl, cfg, a, b, buf)
+                    future = pool.submit(write_gathered, k, buf, b - a, gathered)
+                else:
+                    tokens, cu_entries = gather_batch(samples, segs, pl, cfg, a, b, buf)
+                    future = pool.submit(write, k, buf, b - a, tokens, cu_entries)
                 if n_buffers == 1:
                     finish(future, b - a)
                 else:
@@ -281,6 +296,7 @@ def write_shards(
                 future.result()
         except BaseException:
             state["failed"] = True  # queued writes return at once
+            helpers.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=True)
             syncer.shutdown(wait=True, cancel_futures=True)  # the directory is discarded anyway
             if state["writer"] is not None:
