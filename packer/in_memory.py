@@ -13,10 +13,11 @@ record batch of the result a zero-copy view of them: the output's columns are th
 that grows with the tokens.
 
 A file-backed `datasets.Dataset` (one with `cache_files`) is packed to a cache file instead, as
-`Dataset.map` does: the record batches are gathered into two reused buffers and written by
-`write_shards` as one Arrow IPC stream beside the input, then memory-mapped. Writing 5 GiB into
-memory never touched before costs a page fault per page (0.3-2 GiB/s on the development VM);
-reused buffers and a file whose pages leave the page cache as they are flushed do not.
+`Dataset.map` does: the record batches are gathered into a few reused buffers and written by
+`write_shards` as one Arrow IPC stream beside the input, around the page cache
+(`write.direct`), then memory-mapped. Writing 5 GiB into memory never touched before costs a
+page fault per page (0.3-2 GiB/s on the development VM), and so does the page cache; reused
+buffers that the device reads directly do not.
 `datasets` is imported only when a Dataset comes in.
 """
 
@@ -401,10 +402,11 @@ def _write_file(
     """Write the packed rows to `path` as one Arrow IPC stream; (loss tokens, tokens with
     padding).
 
-    The record batches are those of the in-memory result, gathered into two reused buffers and
-    written by `write_shards` under a hidden temporary name beside `path`, flushed (and dropped
-    from the page cache) as they go, and renamed to `path` once complete: `path` is never a
-    partial file, and a failure leaves nothing. An existing `path` is replaced.
+    The record batches are those of the in-memory result, gathered into reused buffers and
+    written by `write_shards` under a hidden temporary name beside `path`, around the page cache
+    (or, where the file system refuses that, flushed and dropped from it as they go), and
+    renamed to `path` once complete: `path` is never a partial file, and a failure leaves
+    nothing. An existing `path` is replaced.
     """
     _remove_stale(path)
     tmp = path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -795,9 +797,11 @@ def _mapped_table(path: Path):
 
     `from_file` maps it with `pyarrow.memory_map`, which advises the kernel to read every
     record batch it opens (MADV_WILLNEED): 3.2 of 4.9 GiB read back from disk, 3-4.5 s, right
-    after writing it. A plain `mmap` faults pages in only when a row is read, and the batches'
-    headers are still cached (`write_shards`' `one_file`): 0.2 s. Pickled (for `map` workers),
-    the table reopens by path as `from_file` does.
+    after writing it. A plain `mmap` faults pages in only when a row is read. Opening reads
+    each batch's header: written around the page cache, none is cached, and each fault's
+    read-around would pull megabytes of body with it (4.5 s for 5 GiB); under MADV_RANDOM a
+    fault reads its page alone (0.05 s), and the advice is lifted again for the rows' reads.
+    Pickled (for `map` workers), the table reopens by path as `from_file` does.
     """
     from datasets.table import MemoryMappedTable
 

@@ -12,6 +12,9 @@ the value just before it. Memory-mapped input pages are file-backed and do not c
     extra memory against the size of the packed output. Both write their result to a cache
     file beside the input and return it memory-mapped (packer's `cache-packer-*.arrow`, TRL's
     map `cache-*.arrow`); each run writes a fresh file, deleted after the run.
+    The floor row writes as many bytes as packer's file, from one reused buffer, the way the
+    cache file is written (`packer.write.direct.DirectFile`, then fsync): what the device alone
+    costs.
 (b) Python token lists (lognormal lengths capped at L - 2, since fast-axolotl appends an EOS
     and fails on a sample that fills a row): `pack_dataset(lists, L)` vs fast-axolotl's
     `pack_sequences(lists, L, pad_token_id=0, eos_token_id=2)` (`pip install fast-axolotl`,
@@ -100,6 +103,28 @@ print(json.dumps({"seconds": seconds, "rows": packed.num_rows, "extra": extra,
                   "output": packed.data.table.nbytes}))
 """
 )
+
+FLOOR = """
+import json, os, sys, time
+from pathlib import Path
+from packer.write.direct import DirectFile
+path, size = Path(sys.argv[1]), int(sys.argv[2])
+block = memoryview(bytearray(16 << 20))
+t = time.perf_counter()
+out = DirectFile(path)
+left = size
+while left:
+    n = min(left, len(block))
+    out.write(block[:n])
+    left -= n
+out.close()
+fd = os.open(path, os.O_RDONLY)
+os.fsync(fd)
+os.close(fd)
+seconds = time.perf_counter() - t
+os.unlink(path)
+print(json.dumps({"seconds": seconds, "direct": out.direct, "bytes": size}))
+"""
 
 LISTS = """
 import numpy as np
@@ -229,6 +254,8 @@ def main() -> None:
         for _ in range(args.runs):
             res.setdefault("packer", []).append(run(DATASET_PACKER, str(data), L))
             drop_caches(work, "cache-packer-*.arrow")
+            size = str(res["packer"][-1]["file"])
+            res.setdefault("floor", []).append(run(FLOOR, str(work / "floor.arrow"), size))
             if trl:
                 res.setdefault("trl", []).append(run(DATASET_TRL, str(data), L))
                 drop_caches(work)
@@ -257,6 +284,12 @@ def main() -> None:
             f"{median(r, 'extra') / mib:,.0f} | {r[0]['output'] / mib:,.0f} | "
             f"{median(r, 'extra') / r[0]['output']:.2f} |"
         )
+    f = res["floor"]
+    print(
+        f"| floor: the same {f[0]['bytes'] / mib:,.0f} MiB written with nothing else "
+        f"({'O_DIRECT' if f[0]['direct'] else 'page cache'}) | {median(f, 'seconds'):.2f} | "
+        f"{runs_text(f)} | | | | |"
+    )
     print(
         f"\npacker's result: a memory-mapped cache file beside the input "
         f"({p[0]['file'] / mib:,.0f} MiB on disk); output MiB is the result table's nbytes"

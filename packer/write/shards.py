@@ -11,6 +11,9 @@ the kernel's write path, so with two buffers batch i+1 is gathered while batch i
 With `workers=1` the same work runs in sequence. Each finished shard is flushed to disk on a
 third thread, which only waits on the device, so the final commit has little left to sync, and
 its pages leave the page cache so that later shards reuse them (see `commit.fsync_file`).
+A file written around the page cache (`direct`, `pack_dataset`'s cache file) leaves the writer
+thread little to do, so there every worker gathers. `packer pack` keeps the page cache: with
+per-shard staging buffers its write stage measured 7.2-8.2 s against 4.0-4.6 s buffered.
 """
 
 from __future__ import annotations
