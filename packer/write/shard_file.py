@@ -54,6 +54,11 @@ class _HashingFile:
             self.closed = True
             self._fh.close()
 
+    @property
+    def direct(self) -> bool:
+        """Whether the bytes go around the page cache (a `DirectFile` that O_DIRECT took)."""
+        return getattr(self._fh, "direct", False)
+
     def abort(self) -> None:
         """Close without finishing: a `DirectFile` drops what it still has staged."""
         if not self.closed:
@@ -125,7 +130,7 @@ class ShardWriter:
     @property
     def direct(self) -> bool:
         """Whether the file is written around the page cache (nothing of it to flush)."""
-        return getattr(self._sink._fh, "direct", False)
+        return self._sink.direct
 
     def close(self) -> dict:
         """Finish the stream; return the shard's manifest entry."""
