@@ -478,6 +478,26 @@ def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, ho
     assert all(h == heads[-1][: len(h)] for h in heads[:-1])  # each sync keeps the heads so far
 
 
+def test_cache_file_bytes_do_not_depend_on_the_workers(monkeypatch, tmp_path):
+    """Every worker gathers (batch k on thread k % workers), the writes stay in order."""
+    from packer import workers as workers_mod
+    from packer.write import direct
+
+    monkeypatch.setattr("packer.write.shards.BATCH_TOKENS", 4 * 128)
+    monkeypatch.setattr(direct, "STAGE_BYTES", 8192)
+    ds = on_disk(make_samples(400, seed=6, median=30), tmp_path / "in", "from_file")
+    files = {}
+    try:
+        for workers in (1, 2, 3):
+            target = tmp_path / f"w{workers}.arrow"
+            pack_dataset(ds, 128, overlength="split", workers=workers, cache_file_name=target)
+            files[workers] = target.read_bytes()
+    finally:
+        workers_mod.configure(None)
+    assert len(files[1]) > 10 * 8192
+    assert files[1] == files[2] == files[3]
+
+
 def test_cache_file_is_written_afresh_with_the_same_bytes(tmp_path):
     """Same input and options, same bytes; a file already there (even a stale or broken one) is
     replaced, never reused."""
