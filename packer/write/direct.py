@@ -4,14 +4,15 @@ Written through the page cache, each new page of a file costs the kernel an allo
 and a later write-back; on the development VM that is ~3 µs a page, 4 s of a core for a 5 GiB
 file, and the pages then have to be flushed and dropped to be reused (`commit.fsync_file`).
 With O_DIRECT the device reads the data straight from user memory: the bytes are copied once
-into two page-aligned staging buffers, and each full buffer is handed to the device by a
-thread of its own while the other one fills (1.7-2.6 GB/s on the VM's disk with 32-64 MiB
-writes, against 1.3 GB/s buffered).
+into three page-aligned staging buffers, and each full buffer is handed to the device on an I/O
+thread while the next one fills, two writes in flight at most (1.7-2.6 GB/s on the VM's disk
+with 32-64 MiB writes, against 1.3 GB/s buffered).
 
 O_DIRECT requires block-aligned offsets and lengths: every write is a whole staging buffer
 except the last, which is padded to the block size and the file cut back to its true length.
-Where the file system refuses O_DIRECT (tmpfs, some network file systems) the same object
-writes through the page cache instead (`direct` says which).
+Where the file system refuses O_DIRECT (tmpfs before Linux 6.6, some network file systems),
+at open or at the first write, the same object writes through the page cache instead
+(`direct` says which).
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class DirectFile:
         return n
 
     def _hand_over(self, length: int) -> None:
-        """Queue the current stage's first `length` bytes and switch to the other stage."""
+        """Queue the current stage's first `length` bytes and move to the next stage, once the
+        write that last used it is done."""
         k = self._current
         view = memoryview(self._stages[k])[:length]
         self._pending[k] = self._io.submit(self._write_stage, view, self._offset)
