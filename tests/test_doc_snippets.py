@@ -142,14 +142,14 @@ def demo_output(tmp_path_factory) -> Path:
     return root / "demo"
 
 
-def _given(code: set[str]) -> dict:
+def _given(names: set[str]) -> dict:
     """The reader's `model` and `tokenizer`, for the blocks that use them."""
     given = {}
-    if "model" in code:
+    if "model" in names:
         from packer.tiny_model import build_tiny_model
 
         given["model"] = build_tiny_model(seed=0, vocab_size=32000, hidden_size=32)
-    if "tokenizer" in code:
+    if "tokenizer" in names:
         from tokenizers import Tokenizer, models
         from transformers import PreTrainedTokenizerFast
 
