@@ -221,6 +221,62 @@ def test_readme_commands_run_in_order(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------
+# Install commands
+
+
+def pyproject() -> dict:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def install_targets(text: str) -> list[str]:
+    """What every `pip install` of a page installs: its arguments, options and pins left out."""
+    targets = []
+    for command in re.findall(r"pip install ([^`\n#;&|]+)", text):
+        for arg in command.split():
+            arg = arg.strip("'\"")
+            if arg and not arg.startswith("-") and not re.match(r"^[\w.-]+[=<>]", arg):
+                targets.append(arg)
+    return targets
+
+
+def test_distribution_is_packer_llm():
+    """`packer` on PyPI is an unrelated project; pip must never be pointed at it."""
+    project = pyproject()
+    assert project["name"] == "packer-llm"
+    assert project["scripts"] == {"packer": "packer.cli:run"}  # the command keeps its name
+    # an extra is what `pip install 'packer-llm[x]'` resolves: flash-attn has no wheel on PyPI
+    # and builds only with --no-build-isolation on a CUDA machine, so no extra may pull it in
+    extras = project["optional-dependencies"]
+    assert not [e for e, reqs in extras.items() if any(r.startswith("flash") for r in reqs)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_install_commands_name_packer_llm(page):
+    """Every `pip install` of packer names `packer-llm` (from PyPI) or `.` (from a clone), with
+    extras that exist."""
+    extras = set(pyproject()["optional-dependencies"])
+    for target in install_targets(page.read_text(encoding="utf-8")):
+        name, _, extra = target.partition("[")
+        if name not in ("packer", "packer-llm", ".") or name == "." and not extra:
+            continue  # another package (torch, flash-attn), or the bare checkout
+        assert name != "packer", f"{page.name}: `pip install {target}` installs the wrong project"
+        for wanted in filter(None, extra.rstrip("]").split(",")):
+            assert wanted in extras, f"{page.name}: `pip install {target}`: no extra {wanted!r}"
+
+
+def test_hints_in_packer_name_packer_llm():
+    """packer's own messages and help texts point at `packer-llm[...]`, never `packer[...]`."""
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in sorted((ROOT / "packer").rglob("*.py"))
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"(?<![\w-])packer\[", line) and not line.lstrip().startswith("#")
+    ]
+    assert not found, f"install hints naming 'packer[...]': {', '.join(found)}"
+
+
+# --------------------------------------------------------------------------------------------
 # Links
 
 
