@@ -1,4 +1,4 @@
-"""The "Training on packed shards" snippets run as written (tiny model, tiny dataset, CPU)."""
+"""docs/training.md's loops run as written and train the model (tiny model, tiny dataset, CPU)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ VOCAB = 1000
 def _snippets() -> dict[str, str]:
     """Runnable blocks (marked `<!-- runnable -->`) by the heading above them."""
     text = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
-    section = text[text.index("## Training on packed shards") :]
+    section = text[text.index("## `packer.torch`") :]
     blocks = {}
     heading = ""
     for part in re.split(r"(?m)^(### .*)$", section):
