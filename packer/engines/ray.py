@@ -8,6 +8,10 @@ Ray retries a task whose worker process or node died (`MAX_RETRIES` times); a ta
 is not retried: its error is the run's error, the other tasks are cancelled, and the driver
 removes the temporary output.
 
+`host:port` is probed first (`probe`): where no Ray answers, the run fails in seconds instead of
+ray.init's minutes. Ray's SIGTERM handler is replaced by packer's again after ray.init, so that
+SIGTERM cleans up and exits 143 like a local run.
+
 Calls given a `memory` (the block tasks: `packer.engines.blocks.block_memory`) reserve it from
 Ray's `memory` resource, so a node runs no more of them at once than its memory holds. A request
 larger than every node's memory is lowered to the largest node's, which then runs one at a time.
@@ -18,15 +22,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from packer.errors import PackerError, UsageError
+from packer.errors import PackerError, Terminated, UsageError
 
 MAX_RETRIES = 3
 OBJECT_STORE_BYTES = 256 << 20  # a local instance: tasks exchange summaries, never tokens
-_CONNECT_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 5.0  # seconds a --ray-address has to answer (see `probe`)
 
 
 def _call(fn: Callable, call: tuple) -> Any:
@@ -60,7 +67,8 @@ class RayEngine:
         if ray.is_initialized():  # a library user's own session: use it, leave it running
             pass
         elif address is None:
-            ray.init(
+            _init(
+                ray,
                 num_cpus=workers,
                 include_dashboard=False,
                 object_store_memory=OBJECT_STORE_BYTES,
@@ -68,9 +76,9 @@ class RayEngine:
             )
             self.owned = True
         else:
-            _check_reachable(address)
+            probe(address)
             try:
-                ray.init(address=address, **options)
+                _init(ray, address=address, **options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise PackerError(
                     f"cannot join the Ray cluster at {address}: {_first_line(exc)}"
@@ -129,11 +137,15 @@ class RayEngine:
         return max(sizes, default=0)
 
     def _cancel(self, refs: list) -> None:
-        """Cancel the tasks still queued or running, and wait until they have stopped."""
+        """Cancel the tasks still queued or running, and wait until they have stopped.
+
+        Not `force=True`: killing workers races with their replies inside Ray, whose check
+        ("Tried to complete task that was not pending") then kills the driver with a stack dump.
+        """
         ray = self.ray
         for ref in refs:
             with contextlib.suppress(Exception):  # already finished, or its worker is gone
-                ray.cancel(ref, force=True)
+                ray.cancel(ref, force=False)
         if refs:
             ray.wait(refs, num_returns=len(refs), timeout=30)
 
@@ -143,22 +155,90 @@ class RayEngine:
             self.owned = False
 
 
-def _check_reachable(address: str) -> None:
-    """Fail fast on an address nothing listens on (ray.init would wait a long time)."""
+def _init(ray, **kwargs) -> None:
+    """ray.init, keeping packer's SIGINT and SIGTERM handlers.
+
+    ray.init makes SIGTERM `sys.exit(15)` and its core worker prints a stack dump on it; packer's
+    handler (`sigterm_as_interrupt`) turns it into `Terminated`, whose clean-up removes the
+    temporary output and exits 143. A SIGTERM that lands while ray.init runs is its SystemExit.
+    """
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, getattr(signal, "SIGTERM", None)):
+            if signum is not None and signal.getsignal(signum) is not None:
+                saved[signum] = signal.getsignal(signum)
+    try:
+        ray.init(**kwargs)
+    except SystemExit as exc:
+        if exc.code == getattr(signal, "SIGTERM", None):
+            raise Terminated() from None
+        raise
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+# the HTTP/2 client preface and an empty SETTINGS frame (length 0, type 4, no flags, stream 0)
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 4
+
+
+def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
+    """Fail in `timeout` seconds unless a gRPC server (Ray's GCS or Ray Client) answers there.
+
+    ray.init waits for minutes, deaf to SIGTERM and printing Ray's own log, on an address where
+    something that is not Ray listens. A gRPC server answers the HTTP/2 preface with a SETTINGS
+    frame at once; a silent server, an HTTP/1 server or a closed port is told apart here.
+    """
     if address == "auto":
         return
     host_port = address.removeprefix("ray://")
     host, _, port = host_port.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
     if not host or not port.isdigit():
         raise UsageError(
             f"--ray-address must be auto, host:port or ray://host:port, got {address!r}"
         )
+    deadline = time.monotonic() + timeout
+
+    def fail(why: str) -> UsageError:
+        return UsageError(f"no Ray cluster answers there ({why})", where=f"--ray-address {address}")
+
     try:
-        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT).close()
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except socket.gaierror as exc:
+        raise fail(f"cannot resolve {host}: {exc.strerror or exc}") from None
+    except TimeoutError:
+        raise fail(f"no answer to a connection in {timeout:g} s") from None
     except OSError as exc:
-        raise PackerError(
-            f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}; nothing was written"
-        ) from None
+        raise fail((exc.strerror or str(exc)).lower()) from None
+    with sock:
+        answer = b""
+        try:
+            sock.sendall(_PREFACE)
+            while len(answer) < 9:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                chunk = sock.recv(9 - len(answer))
+                if not chunk:
+                    break
+                answer += chunk
+            if len(answer) == 9 and answer[3] == _SETTINGS and answer[5:9] == bytes(4):
+                return
+            if b"\n" not in answer and len(answer) == 9:  # the rest of its first line, if quick
+                sock.settimeout(min(max(deadline - time.monotonic(), 0.001), 0.5))
+                answer += sock.recv(120)
+        except TimeoutError:
+            if not answer:
+                raise fail(
+                    f"it accepted the connection but sent nothing in {timeout:g} s"
+                ) from None
+        except OSError as exc:
+            if not answer:
+                raise fail((exc.strerror or str(exc)).lower()) from None
+    if not answer:
+        raise fail("it closed the connection without answering")
+    first = (answer.decode("ascii", "replace").strip().splitlines() or ["?"])[0][:60]
+    raise fail(f"it answers {''.join(c if c.isprintable() else '?' for c in first)!r}, not gRPC")
 
 
 def _first_line(exc: BaseException) -> str:
