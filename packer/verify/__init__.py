@@ -10,14 +10,14 @@ control, and optionally a tiny transformers model (`model_check`) and the user's
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 
 from packer.errors import UsageError
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
-from packer.verify.shards import read_manifest
+from packer.verify.shards import OutputVersion
 
 __all__ = ["CheckResult", "Failure", "VerificationFailed", "VerifyResult", "verify"]
 
@@ -59,6 +59,16 @@ def _not_run(name: str, reason: str) -> CheckResult:
     return CheckResult(name, ran=False, skipped_reason=reason)
 
 
+Progress = Callable[[str, int, int], None]
+OnRow = Callable[[int, int], None]  # (rows done, rows in all), as a check goes
+
+# The stages `verify` reports to its `progress` callback: (stage, done, total).
+STAGE_STRUCTURE = "checking every row"
+STAGE_ATTENTION = "attention rows"
+STAGE_MODEL = "model rows"
+STAGE_USER_MODEL = "your model's rows"
+
+
 def verify(
     output_dir: str | Path,
     inputs: Iterable[str | Path] | None = None,
@@ -70,6 +80,7 @@ def verify(
     model_check: bool = False,
     attention: bool = True,
     model_dir: str | Path | None = None,
+    progress: Progress | None = None,
 ) -> VerifyResult:
     """Verify a packer output; the result says which checks passed and what differs where.
 
@@ -78,34 +89,98 @@ def verify(
     structure, manifest and input checks alone (no torch); the others are reported as not run.
     `model_dir`: a local transformers checkpoint or config directory whose model must give each
     sample the same logits packed as alone (`packer.torch.check_isolation`).
-    """
-    from packer.verify.structure import check_structure
+    `progress(stage, done, total)` is called as each check goes (the CLI draws it; the library
+    prints nothing).
 
+    Every file is read from one version of the output: if it is replaced while it is checked
+    (`pack --overwrite`), the checks run again on the new one; replaced again, a `UsageError`.
+    """
     t0 = time.perf_counter()
     out = Path(output_dir)
-    manifest = read_manifest(out)
-    count = parse_rows(rows)
-    if seed < 0:
-        raise UsageError(f"--seed must be non-negative, got {seed}")
-    chosen = None
-    if attention:
-        _require_torch()
-        from packer.verify.attention import resolve
+    version = OutputVersion(out)
+    try:
+        manifest = version.manifest
+        count = parse_rows(rows)
+        if seed < 0:
+            raise UsageError(f"--seed must be non-negative, got {seed}")
+        chosen = None
+        if attention:
+            _require_torch()
+            from packer.verify.attention import resolve
 
-        chosen = resolve(backend, dtype)  # usage errors before any work
-    elif model_check or model_dir is not None:
-        raise UsageError(
-            "--no-attention runs the structural checks alone; drop it to use "
-            + ("--model-check" if model_check else "--model")
-        )
+            chosen = resolve(backend, dtype)  # usage errors before any work
+        elif model_check or model_dir is not None:
+            raise UsageError(
+                "--no-attention runs the structural checks alone; drop it to use "
+                + ("--model-check" if model_check else "--model")
+            )
 
-    source = None
-    inputs = list(inputs or [])
-    if inputs:
-        from packer.read.assemble import read_samples
+        inputs = list(inputs or [])
+        source, columns = None, None
+        for attempt in range(2):
+            if inputs and columns != _columns(manifest):
+                from packer.read.assemble import read_samples
 
-        cfg = manifest["config"]
-        source = read_samples(inputs, cfg["input_column"], cfg["labels_column"] or None)
+                columns = _columns(manifest)
+                source = read_samples(inputs, *columns)
+            try:
+                checks = _run_checks(
+                    version.path,
+                    manifest,
+                    source,
+                    chosen,
+                    count,
+                    seed,
+                    model_check,
+                    model_dir,
+                    dtype,
+                    progress,
+                )
+            except Exception as exc:  # a file gone mid-read: the output was replaced (or not)
+                if not version.changed():
+                    if isinstance(exc, OSError) and isinstance(exc.filename, str):
+                        exc.filename = version.shown_path(exc.filename)
+                    raise
+                checks = None
+            else:
+                for check in checks.values():
+                    for failure in check.failures:
+                        failure.message = version.shown_path(failure.message)
+            if checks is not None and not version.changed():
+                return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)
+            version.close()
+            if attempt == 0:
+                version = OutputVersion(out)
+                manifest = version.manifest
+    finally:
+        version.close()
+    raise UsageError(
+        "the output changed while it was being verified, twice (a pack --overwrite of it?); "
+        "verify it once nothing writes it",
+        where=str(out),
+    )
+
+
+def _columns(manifest: dict) -> tuple[str, str | None]:
+    """The source columns the output was packed from (how `--input` is read)."""
+    cfg = manifest["config"]
+    return cfg["input_column"], cfg["labels_column"] or None
+
+
+def _run_checks(
+    out: Path,
+    manifest: dict,
+    source,
+    chosen,
+    count: int | None,
+    seed: int,
+    model_check: bool,
+    model_dir: str | Path | None,
+    dtype: str | None,
+    progress: Progress | None,
+) -> dict[str, CheckResult]:
+    """Every check on the output read through `out` (one version of it)."""
+    from packer.verify.structure import check_structure
 
     checks: dict[str, CheckResult] = {}
 
@@ -118,39 +193,50 @@ def verify(
     input_check = add(
         CheckResult("input") if source is not None else _not_run("input", "no --input given")
     )
+    if progress:
+        progress(STAGE_STRUCTURE, 0, 0)
     statuses = check_structure(out, manifest, source, structure, manifest_check, input_check)
+    if progress:
+        progress(STAGE_STRUCTURE, 1, 1)
 
     if chosen is None:
         for name in ("attention", "negative_control", "model", "user_model"):
             add(_not_run(name, "--no-attention was given"))
+        return checks
+    from packer.verify.attention import RowInput, pick_rows, run_attention
+
+    candidates = []
+    for s, st in enumerate(statuses):
+        usable = st.cu_usable
+        n_seg = np.diff(st.shard.cu_off) - 1  # cu_seqlens has one entry more than segments
+        candidates += [(s, int(r), int(n_seg[r])) for r in range(st.shard.rows) if usable[r]]
+    picked = [
+        RowInput(statuses[s].shard.name, statuses[s].shard.shard_row(r), statuses[s].shard.row(r))
+        for s, r in pick_rows(candidates, count, seed)
+    ]
+    attention_check = add(CheckResult("attention"))
+    control = add(CheckResult("negative_control"))
+    backend_obj, dtype_name = chosen
+    on_row = _stage(progress, STAGE_ATTENTION)
+    run_attention(picked, backend_obj, dtype_name, seed, attention_check, control, on_row)
+    if model_check:
+        from packer.verify.model_check import run_model_check
+
+        run_model_check(picked, seed, add(CheckResult("model")), _stage(progress, STAGE_MODEL))
     else:
-        from packer.verify.attention import RowInput, pick_rows, run_attention
+        add(_not_run("model", "not asked (--model-check)"))
+    if model_dir is not None:
+        from packer.verify.user_model import run_user_model
 
-        candidates = []
-        for s, st in enumerate(statuses):
-            usable = st.cu_usable
-            n_seg = np.diff(st.shard.cu_off) - 1  # cu_seqlens has one entry more than segments
-            candidates += [(s, int(r), int(n_seg[r])) for r in range(st.shard.rows) if usable[r]]
-        picked = [
-            RowInput(
-                statuses[s].shard.name, statuses[s].shard.shard_row(r), statuses[s].shard.row(r)
-            )
-            for s, r in pick_rows(candidates, count, seed)
-        ]
-        attention_check = add(CheckResult("attention"))
-        control = add(CheckResult("negative_control"))
-        backend_obj, dtype_name = chosen
-        run_attention(picked, backend_obj, dtype_name, seed, attention_check, control)
-        if model_check:
-            from packer.verify.model_check import run_model_check
+        on_row = _stage(progress, STAGE_USER_MODEL)
+        run_user_model(picked, model_dir, seed, dtype, add(CheckResult("user_model")), on_row)
+    else:
+        add(_not_run("user_model", "not asked (--model DIR)"))
+    return checks
 
-            run_model_check(picked, seed, add(CheckResult("model")))
-        else:
-            add(_not_run("model", "not asked (--model-check)"))
-        if model_dir is not None:
-            from packer.verify.user_model import run_user_model
 
-            run_user_model(picked, model_dir, seed, dtype, add(CheckResult("user_model")))
-        else:
-            add(_not_run("user_model", "not asked (--model DIR)"))
-    return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)
+def _stage(progress: Progress | None, stage: str) -> OnRow | None:
+    """The `on_row(done, total)` of one check: `progress(stage, done, total)`."""
+    if progress is None:
+        return None
+    return lambda done, total: progress(stage, done, total)

@@ -17,6 +17,7 @@ nothing but the row's columns.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -42,7 +43,13 @@ def _token_losses(logits, labels):
     return out
 
 
-def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> None:
+def run_model_check(
+    rows: list[RowInput],
+    seed: int,
+    result: CheckResult,
+    on_row: Callable[[int, int], None] | None = None,
+) -> None:
+    """The tiny model over each picked row, packed vs each sample alone; on_row(done, total)."""
     import torch
 
     from packer.tiny_model import build_tiny_model
@@ -68,8 +75,10 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
         """One forward as a training step makes it: no cache, so nothing carries over."""
         return model(ids, position_ids=positions, attention_mask=mask, use_cache=False).logits[0]
 
+    if on_row:
+        on_row(0, len(rows))
     with torch.inference_mode():
-        for item in rows:
+        for done, item in enumerate(rows, 1):
             row = item.data
             ids, labels = as_long(row["input_ids"])[None], as_long(row["labels"])
             pos, cu = as_long(row["position_ids"])[None], as_long(row["cu_seqlens"])
@@ -125,6 +134,8 @@ def run_model_check(rows: list[RowInput], seed: int, result: CheckResult) -> Non
                                 f"only {leak:.3g}: the model check could not see a leak here",
                             )
                         )
+            if on_row:
+                on_row(done, len(rows))
     result.details.update(
         {
             "model": f"LlamaForCausalLM, 2 layers, hidden 64, vocab {vocab}, random (seed {seed})",

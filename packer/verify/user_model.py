@@ -14,6 +14,7 @@ then change by more than twice the tolerance, or the check could not see a leak 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -79,8 +80,14 @@ def load_model(model_dir: str | Path, seed: int, dtype: str | None):
 
 
 def run_user_model(
-    rows: list[RowInput], model_dir: str | Path, seed: int, dtype: str | None, result: CheckResult
+    rows: list[RowInput],
+    model_dir: str | Path,
+    seed: int,
+    dtype: str | None,
+    result: CheckResult,
+    on_row: Callable[[int, int], None] | None = None,
 ) -> None:
+    """The user's model over each picked row of two or more samples; on_row(done, total)."""
     import torch
 
     from packer.torch import check_isolation, collate_packed, model_inputs
@@ -102,7 +109,9 @@ def run_user_model(
     logits_max = loss_max = 0.0
     leaks: list[float] = []
     tol = None
-    for item in multi:
+    if on_row:
+        on_row(0, len(multi))
+    for done, item in enumerate(multi, 1):
         batch = collate_packed([item.data], "flatten")
         report = check_isolation(model, batch, raise_on_failure=False, max_samples=None)
         tol = report.tolerance
@@ -124,6 +133,8 @@ def run_user_model(
                     row=item.row,
                 )
             )
+        if on_row:
+            on_row(done, len(multi))
     if not multi:
         result.ran = False
         result.skipped_reason = "no picked row holds two samples"
