@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -14,6 +16,48 @@ from packer.errors import EXIT_FAILURE
 from packer.verify.attention import BACKENDS, DTYPES
 
 MAX_PRINTED = 10
+
+
+@contextmanager
+def progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """Yield `verify`'s progress callback, drawing on stderr when it is a terminal (transient).
+
+    A stage without a total (the structure checks) is a spinner; the others count rows.
+    """
+    from packer.report import stderr
+
+    if not (enabled and stderr.is_terminal):
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    bars = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+    )
+    tasks: dict[str, int] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage not in tasks:
+            tasks[stage] = bars.add_task(stage, total=total or None)
+        bars.update(tasks[stage], completed=done, total=total or None)
+
+    with bars:
+        yield update
 
 
 @app.command()
@@ -78,14 +122,18 @@ def verify(
 ) -> None:
     """Prove that no packed sample can see or predict another. Exit 0: all checks that ran pass;
     1: a check failed (each failure names shard, row and sample); 2: usage error (also: the
-    attention check without torch; pass --no-attention)."""
+    attention check without torch; pass --no-attention; or the output was replaced twice while
+    it was checked).
+
+    On the CPU the attention and model checks run torch on every core: OMP_NUM_THREADS=N sets
+    how many (on a busy machine 1 is often fastest)."""
     from rich.markup import escape
 
     from packer.report import stderr
     from packer.verify import verify as run_verify
     from packer.verify.report import verify_table
 
-    with user_errors(debug):
+    with user_errors(debug), progress_bars(not json_out) as progress:
         result = run_verify(
             output,
             inputs or None,
@@ -96,6 +144,7 @@ def verify(
             model_check=model_check,
             attention=not no_attention,
             model_dir=model_dir,
+            progress=progress,
         )
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
