@@ -120,3 +120,14 @@ def test_the_probe_waits_no_longer_than_its_timeout(silent):
     with pytest.raises(UsageError, match=r"sent nothing in 0\.5 s"):
         probe(silent, timeout=0.5)
     assert time.monotonic() - t < 3
+
+
+def test_auto_probes_ray_address_from_the_environment(closed, sample, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", closed)
+    r, _ = pack_on("auto", sample, tmp_path / "out")
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"error: --ray-address auto (RAY_ADDRESS={closed}): no Ray cluster answers there "
+        "(connection refused)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl"]
