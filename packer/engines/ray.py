@@ -186,24 +186,22 @@ _SETTINGS = 4
 def probe(address: str, timeout: float = CONNECT_TIMEOUT) -> None:
     """Fail in `timeout` seconds unless a gRPC server (Ray's GCS or Ray Client) answers there.
 
-    `auto` is probed at RAY_ADDRESS when set (ray.init joins that), else left to Ray's lookup.
-
     ray.init waits for minutes, deaf to SIGTERM and printing Ray's own log, on an address where
     something that is not Ray listens. A gRPC server answers the HTTP/2 preface with a SETTINGS
     frame at once; a silent server, an HTTP/1 server or a closed port is told apart here.
+    `auto` is probed at RAY_ADDRESS when set (ray.init joins that), else left to Ray's lookup.
     """
-    shown = f"--ray-address {address}"
-    if address == "auto":  # Ray's own lookup, unless RAY_ADDRESS names the cluster
+    flag, shown = "--ray-address", f"--ray-address {address}"
+    if address == "auto":
         address = os.environ.get("RAY_ADDRESS", "")
         if address in ("", "auto"):
             return
-        shown = f"--ray-address auto (RAY_ADDRESS={address})"
+        flag, shown = "RAY_ADDRESS", f"--ray-address auto (RAY_ADDRESS={address})"
     host_port = address.removeprefix("ray://")
     host, _, port = host_port.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
     if not host or not port.isdigit():
-        what = "RAY_ADDRESS" if shown.endswith(")") else "--ray-address"
-        raise UsageError(f"{what} must be auto, host:port or ray://host:port, got {address!r}")
+        raise UsageError(f"{flag} must be auto, host:port or ray://host:port, got {address!r}")
     deadline = time.monotonic() + timeout
 
     def fail(why: str) -> UsageError:
