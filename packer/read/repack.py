@@ -97,10 +97,12 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     base = 0
     for shard in manifest["shards"]:
         path = directory / shard["file"]
+        _check_shard_file(path, shard)
         try:
             batches = read_shard(path)
         except (ValueError, OSError) as exc:
             raise InputError(f"cannot read packed shard: {exc}", where=str(path)) from None
+        _check_shard_counts(path, shard, batches)
         for b in batches:
             n_seg = np.diff(b.si_off)
             row = np.repeat(np.arange(b.rows), n_seg)
@@ -171,6 +173,8 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     offsets[1:] = sample_ends
     sources = [RepackedSource.from_manifest(inp, packed=directory) for inp in manifest["inputs"]]
     num_input = sum(s.num_samples for s in sources)
+    absent = absent_samples(manifest)
+    _check_accounting(directory, manifest, num_input, int(kept.size), absent)
     index = None if kept.size == num_input and kept[-1] == num_input - 1 else kept
     samples = Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index)
     algorithm = manifest.get("config", {}).get("hash", hashing.DEFAULT)
@@ -183,5 +187,85 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
         "config": manifest.get("config"),
         "samples": int(kept.size),
         "samples_absent": int(num_input - kept.size),
+        "absent": absent,
     }
     return samples, origin
+
+
+VERIFY_HINT = "run `packer verify` on it; --repack reads only an output that passes"
+
+
+def _refuse(path: Path, what: str) -> PackedInputError:
+    return PackedInputError(f"{what}: {VERIFY_HINT}", where=str(path))
+
+
+def _check_shard_file(path: Path, entry: dict) -> None:
+    """The shard the manifest lists, with its recorded size and digest (one read of it)."""
+    if not path.is_file():
+        raise _refuse(path, "listed in manifest.json but missing")
+    size = path.stat().st_size
+    if "bytes" in entry and size != int(entry["bytes"]):
+        raise _refuse(path, f"{size} bytes where manifest.json records {entry['bytes']}")
+    recorded = hashing.recorded(entry)
+    if recorded is None:
+        raise _refuse(path, "manifest.json records no digest for this shard")
+    if hashing.file_digest(path, recorded[0]) != recorded[1]:
+        raise _refuse(path, f"its {recorded[0]} differs from manifest.json (changed after packing)")
+
+
+def _check_shard_counts(path: Path, entry: dict, batches) -> None:
+    """Rows, tokens and segments as the manifest records them for this shard."""
+    found = {
+        "rows": sum(b.rows for b in batches),
+        "tokens": sum(int(b.ids_off[-1] - b.ids_off[0]) if b.rows else 0 for b in batches),
+        "segments": sum(int(b.sample_index.size) for b in batches),
+    }
+    for key, value in found.items():
+        if key in entry and int(entry[key]) != value:
+            raise _refuse(path, f"holds {value} {key} where manifest.json records {entry[key]}")
+
+
+def absent_samples(manifest: dict) -> dict:
+    """Samples of the original inputs that an output leaves out, by why: `dropped` (over-length,
+    `--overlength drop`), `rejected` (`--on-error skip`), counted through every earlier repack,
+    and `truncated` (kept, shortened). `dropped_over`/`truncated_to`: the smallest L under which
+    a pack of the chain dropped/truncated (what `verify --input` allows a sample to lose)."""
+    stats, cfg = manifest.get("stats", {}), manifest.get("config", {})
+    prior = manifest.get("repacked_from", {}).get("absent", {})
+    absent = {
+        key: int(prior.get(key, 0)) + int(stats.get(key, 0))
+        for key in ("dropped", "rejected", "truncated")
+    }
+    for key, mode in (("dropped_over", "drop"), ("truncated_to", "truncate")):
+        limits = [prior[key]] if prior.get(key) is not None else []
+        if cfg.get("overlength") == mode and stats.get(key.split("_")[0], 0):
+            limits.append(int(cfg["max_len"]))
+        absent[key] = min(limits) if limits else None
+    return absent
+
+
+def _check_accounting(
+    directory: Path, manifest: dict, num_input: int, found: int, absent: dict
+) -> None:
+    """The shards hold every sample the manifest says was packed, and its stats add up."""
+    stats = manifest.get("stats", {})
+    where = directory / MANIFEST
+    if int(stats.get("samples_in", num_input)) != num_input:
+        raise _refuse(
+            where,
+            f"stats say {stats['samples_in']} samples in but its inputs hold {num_input}",
+        )
+    packed = int(stats.get("samples_packed", -1))
+    if packed != found:
+        raise _refuse(
+            where,
+            f"records {packed} samples packed but its shards hold {found} "
+            f"({abs(packed - found)} {'missing' if found < packed else 'more'})",
+        )
+    left_out = absent["dropped"] + absent["rejected"]
+    if num_input - found != left_out:
+        raise _refuse(
+            where,
+            f"{num_input - found} of its {num_input} samples are in no shard but it accounts "
+            f"for {left_out} (dropped {absent['dropped']}, rejected {absent['rejected']})",
+        )

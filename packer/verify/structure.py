@@ -6,8 +6,9 @@ Runs on the CPU with the numba kernels of `kernels.py`; needs no torch. Each pro
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -256,11 +257,16 @@ def check_provenance(
     source: Samples | None,
     max_len: int,
     result: CheckResult,
+    rejected: np.ndarray | None = None,
+    source_rejected: np.ndarray | bool = False,
 ) -> dict:
-    """Every (sample_index, sample_offset) once, pieces contiguous, no sample lost."""
+    """Every (sample_index, sample_offset) once, pieces contiguous, no sample lost: a sample in
+    no row is one the manifest accounts for (dropped, listed in rejects.jsonl, or left out by the
+    pack a repack read, `repacked_from.absent`), and a listed reject is in no row."""
     stats = manifest["stats"]
     overlength = manifest["config"]["overlength"]
     n_samples = source.num_samples if source is not None else stats["samples_in"]
+    prior = (manifest.get("repacked_from") or {}).get("absent") or {}
     index = _cat([K.as_int64(st.shard.sample_index) for st in statuses])
     offset = _cat(
         [K.as_int64(st.shard.sample_offset[: st.shard.sample_index.size]) for st in statuses]
@@ -332,13 +338,31 @@ def check_provenance(
     present = np.zeros(n_samples, bool)
     present[index[valid]] = True
     missing = np.flatnonzero(~present)
-    dropped = stats["dropped"]
+    dropped = int(stats["dropped"]) + int(prior.get("dropped", 0))
+    rejected = rejected if rejected is not None else np.zeros(0, np.int64)
+    listed = rejected[(rejected >= 0) & (rejected < n_samples)]
+    for i in np.flatnonzero(present[listed])[:50]:
+        result.fail(
+            Failure(
+                f"sample {int(listed[i])} is listed in rejects.jsonl but appears in a row",
+                sample=int(listed[i]),
+            )
+        )
+    result.failure_count += max(0, int(present[listed].sum()) - 50)
+    is_rejected = np.zeros(n_samples, bool)
+    is_rejected[listed] = True
+    missing = missing[~is_rejected[missing]]
+    n_rejected_before = int(prior.get("rejected", 0))
     if source is not None:
         src_len = source.lengths
         covered = np.bincount(
             index[valid & (length >= 0)], weights=length[valid & (length >= 0)], minlength=n_samples
         )
-        allowed_drop = src_len > max_len if overlength == "drop" else np.zeros(n_samples, bool)
+        drop_over = [max_len] if overlength == "drop" else []
+        drop_over += [prior["dropped_over"]] if prior.get("dropped_over") is not None else []
+        allowed_drop = (
+            src_len > min(drop_over) if drop_over else np.zeros(n_samples, bool)
+        ) | source_rejected
         for i in missing[~allowed_drop[missing]][:50]:
             i = int(i)
             result.fail(
@@ -349,7 +373,10 @@ def check_provenance(
             )
         n_bad = int((~allowed_drop[missing]).sum())
         result.failure_count += max(0, n_bad - 50)
-        truncated_ok = (overlength == "truncate") & (src_len > max_len) & (covered == max_len)
+        cut = [max_len] if overlength == "truncate" else []
+        cut += [prior["truncated_to"]] if prior.get("truncated_to") is not None else []
+        limit = min(cut) if cut else None
+        truncated_ok = (src_len > limit) & (covered == limit) if cut else False
         short = present & (covered != src_len) & ~truncated_ok
         if (length < 0).any():
             short &= False  # unusable rows are reported already; lengths are not known
@@ -362,15 +389,17 @@ def check_provenance(
                     sample=i,
                 )
             )
-    elif missing.size != dropped:
-        listed = ", ".join(str(int(i)) for i in missing[:10])
+    elif missing.size != dropped + n_rejected_before:
+        shown = ", ".join(str(int(i)) for i in missing[:10])
         more = f" and {missing.size - 10} more" if missing.size > 10 else ""
+        before = f" and {n_rejected_before} rejected before a repack" if n_rejected_before else ""
         result.fail(
             Failure(
-                f"sample{'s' if missing.size > 1 else ''} {listed}{more} "
+                f"sample{'s' if missing.size > 1 else ''} {shown}{more} "
                 f"appear{'s' if missing.size == 1 else ''} in no row, but the "
-                f"manifest records {dropped} dropped sample(s) "
-                f"({missing.size} of {n_samples} are missing)",
+                f"manifest records {dropped} dropped sample(s){before} "
+                f"({missing.size} of {n_samples} are missing"
+                + (" and not in rejects.jsonl)" if listed.size else ")"),
                 sample=int(missing[0]) if missing.size else None,
             )
         )
@@ -378,6 +407,99 @@ def check_provenance(
         "samples": int(present.sum()),
         "segments": int(index.size),
     }
+
+
+def read_rejects(output_dir: Path, manifest: dict, result: CheckResult) -> np.ndarray | None:
+    """The sample indices rejects.jsonl lists, checked against its recorded hash and counts
+    (None when the manifest records no rejects file or it cannot be read: a failure then)."""
+    entry = manifest.get("rejects")
+    stats_rejected = int(manifest["stats"].get("rejected", 0))
+    per_input = sum(int(inp.get("rejected", 0)) for inp in manifest.get("inputs", []))
+    if per_input != stats_rejected:
+        result.fail(
+            Failure(
+                f"manifest inputs record {per_input} rejected sample(s) but its stats "
+                f"{stats_rejected}"
+            )
+        )
+    if not entry:
+        if stats_rejected:
+            result.fail(
+                Failure(f"manifest stats record {stats_rejected} rejected but no rejects file")
+            )
+        return None
+    name = entry.get("file", "rejects.jsonl")
+    path = output_dir / name
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        result.fail(Failure(f"{name}: listed in the manifest but unreadable ({exc.strerror})"))
+        return None
+    digest = hashing.recorded(entry)
+    if digest:
+        h = hashing.new(digest[0])
+        h.update(data)
+        if h.hexdigest() != digest[1]:
+            result.fail(
+                Failure(f"{name}: {digest[0]} differs from the manifest (changed after packing)")
+            )
+    try:
+        index = np.array(
+            [int(json.loads(line)["sample_index"]) for line in data.splitlines() if line.strip()],
+            np.int64,
+        )
+    except (ValueError, KeyError, TypeError):
+        result.fail(Failure(f"{name}: not a JSON line with a sample_index on every line"))
+        return None
+    for what, count in (("rejects.count", entry.get("count")), ("stats", stats_rejected)):
+        if count is not None and int(count) != index.size:
+            result.fail(
+                Failure(f"{name}: lists {index.size} sample(s) but the manifest's {what} {count}")
+            )
+    if np.unique(index).size != index.size:
+        result.fail(Failure(f"{name}: lists a sample more than once"))
+    return index
+
+
+def check_fingerprints(source: Samples, manifest: dict, result: CheckResult) -> bool:
+    """The --input files are the ones packed: bytes and fingerprint as manifest["inputs"] records
+    them, in order. One failure naming the first file that differs, instead of one per sample."""
+    recorded = manifest.get("inputs", [])
+    given = source.sources
+    if len(given) != len(recorded):
+        result.fail(
+            Failure(
+                f"--input names {len(given)} file(s) but the manifest's inputs are "
+                f"{len(recorded)}: " + ", ".join(str(e.get("path")) for e in recorded)
+            )
+        )
+        return False
+    for src, entry in zip(given, recorded):
+        if int(entry.get("bytes", -1)) != src.size or entry.get("fingerprint") != src.fingerprint:
+            result.fail(
+                Failure(
+                    f"{src.path}: its fingerprint does not match the manifest's input "
+                    f"{entry.get('path')} (another file, or changed since packing); "
+                    "the samples were not compared"
+                )
+            )
+            return False
+    return True
+
+
+def full_view(source: Samples) -> tuple[Samples, np.ndarray]:
+    """The source numbered as the output is (every input sample, rejected ones empty), and
+    which samples reading rejected."""
+    if source.index is None:
+        return source, np.zeros(source.num_samples, bool)
+    n = source.num_input_samples
+    lengths = np.zeros(n, np.int64)
+    lengths[source.index] = source.lengths
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    rejected = np.ones(n, bool)
+    rejected[source.index] = False
+    return replace(source, offsets=offsets, index=None), rejected
 
 
 def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult) -> None:
@@ -496,8 +618,32 @@ def check_structure(
             )
         )
 
+    rejected = read_rejects(output_dir, manifest, manifest_check)
+    if source is not None and not check_fingerprints(source, manifest, input_check):
+        source = None  # another file: its samples are not compared one by one
+        input_check.details.update({"samples": None, "tokens": None})
+    source_rejected: np.ndarray | bool = False
+    if source is not None:
+        source, source_rejected = full_view(source)
+        n_prior = int(
+            ((manifest.get("repacked_from") or {}).get("absent") or {}).get("rejected", 0)
+        )
+        expected = int(manifest["stats"].get("rejected", 0)) + n_prior
+        if int(source_rejected.sum()) != expected:
+            input_check.fail(
+                Failure(
+                    f"the inputs hold {int(source_rejected.sum())} sample(s) that packer "
+                    f"rejects, but the manifest accounts for {expected}"
+                )
+            )
     prov = check_provenance(
-        statuses, manifest, source, max_len, input_check if source is not None else structure
+        statuses,
+        manifest,
+        source,
+        max_len,
+        input_check if source is not None else structure,
+        rejected,
+        source_rejected,
     )
     real, pad_tokens = _token_totals(statuses, pad)
     stats = manifest["stats"]
