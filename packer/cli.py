@@ -312,12 +312,95 @@ from packer import (  # noqa: E402  (commands register themselves on `app`)
     cli_warmup,  # noqa: E402,F401  (registers `packer warmup`)
 )
 
+# the value each option takes, as the help and docs/cli.md name it (typer would print the type:
+# `<int>`, `<list[int]>`, `<path>`); options not named here fall back on their type
+METAVARS = {
+    "--output": "DIR",
+    "--max-len": "L",
+    "--window": "W",
+    "--config": "FILE",
+    "--memory-budget": "SIZE",
+    "--block-size": "SIZE",
+    "--ray-address": "ADDRESS",
+    "--input-column": "NAME",
+    "--labels-column": "NAME",
+    "--tokenizer": "PATH",
+    "--html": "FILE",
+    "--row": "N",
+    "--world-size": "N",
+    "--batch-size": "B",
+    "--hidden-size": "D",
+}
+TYPE_METAVARS = {int: "N", float: "X", Path: "PATH", list[int]: "N"}
+
+# shown under each command's --help; `\b` keeps click from rewrapping the lines
+EXAMPLES = {
+    "pack": [
+        "packer pack data/train.jsonl -o packed -L 4096",
+        "packer pack 'data/*.parquet' -o packed -L 8192 --overlength split --on-error skip",
+        "packer pack packed -o packed-16k -L 16384 --repack",
+    ],
+    "inspect": [
+        "packer inspect packed",
+        "packer inspect packed -r 0 -r 7 --tokenizer tokenizer.json",
+        "packer inspect packed --html report.html",
+    ],
+    "plan": [
+        "packer plan data/train.jsonl -L 4096",
+        "packer plan data/train.jsonl -L 4096 --strategy bfd --world-size 8",
+    ],
+    "verify": [
+        "packer verify packed",
+        "packer verify packed -i data/train.jsonl --rows all",
+        "packer verify packed --no-attention",
+    ],
+    "warmup": ["packer warmup"],
+}
+
+
+def examples(name: str) -> str:
+    """The Examples section of `packer NAME --help`."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+
+
+class PackerCommand(typer.core.TyperCommand):
+    """A command whose help names values as people write them: `INPUT...`, `--row N`.
+
+    Typer shows a required argument as `{INPUT...}...` in the usage line and every value by
+    its Python type (`<list[int]>`, `<path>`); click's plain metavars read better.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.param_type_name == "argument":
+                name = param.metavar or param.name.upper()
+                if param.nargs != 1 and not name.endswith("..."):
+                    name += "..."
+                usage = name if param.required else f"[{name}]"
+                # typer's own way of naming an argument, replaced on this instance only
+                param._usage_display_name = lambda usage=usage: usage
+                param._rich_display_name = lambda name=name: name
+                param.display_type_rich = lambda ctx: None
+            elif not param.is_flag and param.metavar is None:
+                long = next((o for o in param.opts if o.startswith("--")), "")
+                annotation = param.type_descriptor.annotation
+                param.metavar = METAVARS.get(long) or TYPE_METAVARS.get(annotation, "TEXT")
+
+
+for _info in app.registered_commands:
+    if _info.cls in (None, typer.core.TyperCommand):  # typer's default class, not a chosen one
+        _info.cls = PackerCommand
+    _name = _info.name or _info.callback.__name__
+    if _info.epilog is None and _name in EXAMPLES:
+        _info.epilog = examples(_name)
+
 
 def run() -> None:
     """The `packer` command: a usage error is one `error:` line and exit code 2, like the rest.
 
     (Typer would draw a box around it; scripts that read stderr get the same shape for every
-    failure this way.)
+    failure this way.) Plain `packer` is no error: it prints the help on stdout, exit code 0.
     """
     try:  # typer vendors click from 0.2x on, and its exceptions with it
         from typer import TyperException as ClickError
@@ -327,6 +410,9 @@ def run() -> None:
     try:
         code = app(standalone_mode=False)
     except ClickError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # plain `packer`: the help is the answer
+            typer.echo(exc.format_message())
+            sys.exit(0)
         message = exc.format_message()
         ctx = getattr(exc, "ctx", None)
         if exc.exit_code == EXIT_USAGE:

@@ -57,8 +57,13 @@ def inspect_command(
         report = inspect(directory, rows, tok, world_size, hidden_size)
         if html is not None:
             from packer.inspect_html import render_html
+            from packer.report import stderr
 
-            html.write_text(render_html(report), encoding="utf-8")
+            # written beside, then renamed: an interrupted run leaves no half page
+            tmp = html.with_name(f".{html.name}.tmp")
+            tmp.write_text(render_html(report), encoding="utf-8")
+            tmp.replace(html)
+            stderr.print(f"wrote {html}", highlight=False, markup=False, soft_wrap=True)
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
             return

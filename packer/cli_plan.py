@@ -63,9 +63,16 @@ def plan_command(
     """Plan rows from the sample lengths alone: a length histogram and, for each strategy, rows,
     efficiency, rows / best lower bound and seconds (with --world-size, also the modeled
     data-parallel efficiency of batches balanced by tokens and by attention)."""
+    from rich.markup import escape
+
     from packer.errors import UsageError
     from packer.planning.overlength import resolve
-    from packer.planning.report import compare_strategies, histogram_lines, strategy_table
+    from packer.planning.report import (
+        balance_warning,
+        compare_strategies,
+        histogram_lines,
+        strategy_table,
+    )
     from packer.planning.strategies import STRATEGIES
     from packer.read.assemble import read_samples
     from packer.report import stderr
@@ -101,8 +108,11 @@ def plan_command(
             batch_size=batch_size,
             hidden_size=hidden_size,
         )
+        warning = balance_warning(report)
+        if warning is not None:
+            stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
         else:
             stderr.print("\n".join(histogram_lines(report)), highlight=False)
-            stderr.print(strategy_table(report))
+            stderr.print(strategy_table(report), crop=False)  # wrapped by the terminal, not cut

@@ -104,6 +104,11 @@ def progress_bars(enabled: bool):
         bars.update(
             tasks[stage], completed=done, total=total or None, description=title, amount=amount
         )
+        if stage == "read" and total and done >= total and "file" in tasks:
+            # every file is read: the last one's bar ends full (a memory-mapped Parquet or
+            # Arrow file counts no bytes while it is read, so it would stay at "0 bytes")
+            size = int(next(t.total or 0 for t in bars.tasks if t.id == tasks["file"]))
+            bars.update(tasks["file"], completed=size, amount=_amount("file", size, size))
 
     with bars:
         yield update

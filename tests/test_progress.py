@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_samples, write_jsonl, write_parquet
+from rich.filesize import decimal
 
 from packer.read.progress import metering, open_input
 
@@ -94,3 +95,14 @@ def test_meter_counts_the_bytes_of_a_compressed_file(inputs: Path):
     assert text.count(b"\n") == 3000
     with open_input(path, "gzip") as plain:  # no meter: the plain Arrow stream
         assert plain.read() == text
+
+
+def test_file_bar_ends_at_the_file_size(inputs: Path, tmp_path: Path):
+    # b.parquet is memory-mapped (no bytes counted while it is read) and is read last: its bar
+    # stayed at "0 bytes / <size>" while planning and writing were drawn below it
+    code, _, terminal = run_on_terminal(
+        ["pack", str(inputs), "-o", str(tmp_path / "out"), "-L", "512"], tmp_path
+    )
+    assert code == 0, terminal
+    size = decimal((inputs / "b.parquet").stat().st_size)
+    assert f"{size} / {size}" in terminal, terminal

@@ -119,6 +119,23 @@ def histogram_lines(report: dict, width: int = 40) -> list[str]:
     return lines
 
 
+def balance_warning(report: dict) -> str | None:
+    """One line when a step needs more rows than a strategy planned: the modeled data-parallel
+    efficiency then describes an epoch whose ranks share repeated rows, not a real one."""
+    if report["balance"] is None or not report["strategies"]:
+        return None
+    bal = report["balance"]
+    per_step = bal["world_size"] * bal["batch_size"]
+    fewest = min(report["strategies"], key=lambda s: s["rows"])
+    if per_step <= fewest["rows"]:
+        return None
+    return (
+        f"--world-size {bal['world_size']} x --batch-size {bal['batch_size']} takes {per_step:,} "
+        f"rows a step, more than the {fewest['rows']:,} rows {fewest['strategy']} plans: the "
+        "step is filled with repeated rows, so the DP efficiency models a padded epoch"
+    )
+
+
 def strategy_table(report: dict) -> Table:
     b = report["bounds"]
     title = (
@@ -134,18 +151,13 @@ def strategy_table(report: dict) -> Table:
             f"; data-parallel efficiency for {bal['world_size']} ranks x {bal['batch_size']} "
             f"row(s), hidden size {bal['hidden_size']:,}"
         )
-    table = Table(title=title, title_justify="left")
-    table.add_column("strategy", style="bold")
-    table.add_column("rows", justify="right")
-    table.add_column("efficiency", justify="right")
-    table.add_column("rows / best bound", justify="right")
+    headers = ["strategy", "rows", "efficiency", "rows / best bound"]
     if report["window"] is not None:
-        table.add_column("global rows", justify="right")
-        table.add_column("window cost", justify="right")
+        headers += ["global rows", "window cost"]
     if report["balance"] is not None:
-        table.add_column("DP eff. tokens", justify="right")
-        table.add_column("DP eff. attention", justify="right")
-    table.add_column("seconds", justify="right")
+        headers += ["DP eff. tokens", "DP eff. attention"]
+    headers.append("seconds")
+    rows = []
     for s in report["strategies"]:
         ratio = f"{s['rows_over_bound']:.5f}" + (" optimal" if s["optimal"] else "")
         cells = [s["strategy"], f"{s['rows']:,}", f"{100 * s['efficiency']:.3f} %", ratio]
@@ -154,5 +166,18 @@ def strategy_table(report: dict) -> Table:
         if report["balance"] is not None:
             cells += [f"{100 * s['dp_efficiency'][k]:.1f} %" for k in ("tokens", "attention")]
         cells.append(f"{s['seconds']:.3f}")
+        rows.append(cells)
+    table = Table(title=title, title_justify="left")
+    # a narrow terminal wraps a cell between words, never inside one ("ff-shuff…", "efficien…",
+    # "1.50…"): each column is at least as wide as its longest word
+    for i, header in enumerate(headers):
+        words = [w for text in (header, *(r[i] for r in rows)) for w in text.split()]
+        table.add_column(
+            header,
+            style="bold" if i == 0 else None,
+            justify="left" if i == 0 else "right",
+            min_width=max(map(len, words)),
+        )
+    for cells in rows:
         table.add_row(*cells)
     return table
