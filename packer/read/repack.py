@@ -133,11 +133,10 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     bad = np.flatnonzero(offset != expected)
     if bad.size:
         i = int(bad[0])
-        raise InputError(
+        raise _refuse(
+            directory,
             f"sample {int(sample[i])} has a piece at offset {int(offset[i])} where "
-            f"{int(expected[i])} was expected (a missing, repeated or overlapping piece); "
-            "run `packer verify` on it",
-            where=str(directory),
+            f"{int(expected[i])} was expected (a missing, repeated or overlapping piece)",
         )
 
     ends = np.cumsum(length)

@@ -6,7 +6,9 @@ from dataclasses import asdict, dataclass, field
 
 from packer.errors import EXIT_FAILURE, PackerError
 
-MAX_LISTED = 20  # failures kept per check; the count says how many there were in all
+# Failures kept per check (in `failures` and `--json`); `failure_count` says how many there were
+# in all, and `failures_omitted` how many of them are not listed.
+MAX_LISTED = 1000
 
 
 class VerificationFailed(PackerError):
@@ -55,6 +57,7 @@ class CheckResult:
             "ran": self.ran,
             **self.details,
             "failure_count": self.failure_count,
+            "failures_omitted": self.failure_count - len(self.failures),
             "failures": [f.to_dict() for f in self.failures],
         }
         if self.skipped_reason:
@@ -80,12 +83,18 @@ class VerifyResult:
     def failure_count(self) -> int:
         return sum(c.failure_count for c in self.checks.values())
 
+    @property
+    def failures_listed(self) -> int:
+        """How many failures `failures` (and `--json`) hold: all, up to MAX_LISTED per check."""
+        return len(self.failures)
+
     def to_dict(self) -> dict:
         return {
             "ok": self.ok,
             "output": self.output,
             "seconds": round(self.seconds, 3),
             "failure_count": self.failure_count,
+            "failures_listed": self.failures_listed,
             "not_run": [name for name, c in self.checks.items() if not c.ran],
             "checks": {name: c.to_dict() for name, c in self.checks.items()},
         }

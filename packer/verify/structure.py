@@ -16,7 +16,7 @@ import numpy as np
 from packer import hashing
 from packer.read.samples import Samples
 from packer.verify import kernels as K
-from packer.verify.result import CheckResult, Failure
+from packer.verify.result import MAX_LISTED, CheckResult, Failure
 from packer.verify.shards import ShardArrays, read_shard
 
 
@@ -341,14 +341,14 @@ def check_provenance(
     dropped = int(stats["dropped"]) + int(prior.get("dropped", 0))
     rejected = rejected if rejected is not None else np.zeros(0, np.int64)
     listed = rejected[(rejected >= 0) & (rejected < n_samples)]
-    for i in np.flatnonzero(present[listed])[:50]:
+    for i in np.flatnonzero(present[listed])[:MAX_LISTED]:
         result.fail(
             Failure(
                 f"sample {int(listed[i])} is listed in rejects.jsonl but appears in a row",
                 sample=int(listed[i]),
             )
         )
-    result.failure_count += max(0, int(present[listed].sum()) - 50)
+    result.failure_count += max(0, int(present[listed].sum()) - MAX_LISTED)
     is_rejected = np.zeros(n_samples, bool)
     is_rejected[listed] = True
     missing = missing[~is_rejected[missing]]
@@ -363,7 +363,7 @@ def check_provenance(
         allowed_drop = (
             src_len > min(drop_over) if drop_over else np.zeros(n_samples, bool)
         ) | source_rejected
-        for i in missing[~allowed_drop[missing]][:50]:
+        for i in missing[~allowed_drop[missing]][:MAX_LISTED]:
             i = int(i)
             result.fail(
                 Failure(
@@ -372,7 +372,7 @@ def check_provenance(
                 )
             )
         n_bad = int((~allowed_drop[missing]).sum())
-        result.failure_count += max(0, n_bad - 50)
+        result.failure_count += max(0, n_bad - MAX_LISTED)
         cut = [max_len] if overlength == "truncate" else []
         cut += [prior["truncated_to"]] if prior.get("truncated_to") is not None else []
         limit = min(cut) if cut else None
@@ -380,7 +380,8 @@ def check_provenance(
         short = present & (covered != src_len) & ~truncated_ok
         if (length < 0).any():
             short &= False  # unusable rows are reported already; lengths are not known
-        for i in np.flatnonzero(short)[:50]:
+        result.failure_count += max(0, int(short.sum()) - MAX_LISTED)
+        for i in np.flatnonzero(short)[:MAX_LISTED]:
             i = int(i)
             result.fail(
                 Failure(
@@ -414,12 +415,14 @@ def read_rejects(output_dir: Path, manifest: dict, result: CheckResult) -> np.nd
     (None when the manifest records no rejects file or it cannot be read: a failure then)."""
     entry = manifest.get("rejects")
     stats_rejected = int(manifest["stats"].get("rejected", 0))
+    prior = int(((manifest.get("repacked_from") or {}).get("absent") or {}).get("rejected", 0))
     per_input = sum(int(inp.get("rejected", 0)) for inp in manifest.get("inputs", []))
-    if per_input != stats_rejected:
+    if per_input != stats_rejected + prior:
+        before = f" (and {prior} before a repack)" if prior else ""
         result.fail(
             Failure(
                 f"manifest inputs record {per_input} rejected sample(s) but its stats "
-                f"{stats_rejected}"
+                f"{stats_rejected}{before}"
             )
         )
     if not entry:
