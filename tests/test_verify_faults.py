@@ -491,7 +491,16 @@ def test_report_shape_and_failure_fields(cli, packed, tmp_path):
     write_manifest(out, manifest)
     code, report = run_verify(cli, out, "--rows", "1")
     assert code == 1
-    assert list(report) == ["ok", "output", "seconds", "failure_count", "not_run", "checks"]
+    assert list(report) == [
+        "ok",
+        "output",
+        "seconds",
+        "failure_count",
+        "failures_listed",
+        "not_run",
+        "checks",
+    ]
+    assert report["failures_listed"] == 2
     assert report["ok"] is False and report["output"] == str(out)
     assert report["failure_count"] == 2 and 0 < report["seconds"] < 600
     assert list(report["checks"]) == CHECKS
@@ -756,7 +765,7 @@ def test_truncated_output_passes_against_its_source(cli, truncated):
 
 
 def test_samples_in_no_row_against_the_source(cli, truncated, tmp_path):
-    """Every missing sample is counted, the first 50 are reported one by one (20 listed), and
+    """Every missing sample is counted and listed (up to MAX_LISTED per check), and
     a truncated sample whose row is gone is missing too: only --overlength drop excuses one."""
     out = copy_output(truncated[0], tmp_path / "bad")
     manifest = manifest_of(out)
@@ -780,8 +789,9 @@ def test_samples_in_no_row_against_the_source(cli, truncated, tmp_path):
             "appears in no row",
             "sample": i,
         }
-        for i in missing[:20]
+        for i in missing
     ]
+    assert check["failures_omitted"] == 0
 
 
 def test_sample_covered_short_of_its_source(cli, truncated, tmp_path):
