@@ -28,7 +28,9 @@ def inspect_command(
         None,
         "--tokenizer",
         help="A local tokenizer.json (or a directory holding one): show each segment's text, "
-        "label-masked tokens dimmed. Needs pip install 'packer[inspect]'. [default: none]",
+        "special tokens included; label-masked text (-100) is dimmed on a terminal and "
+        "between « » when piped or with NO_COLOR. Needs pip install 'packer[inspect]'. "
+        "[default: none]",
     ),
     html: Optional[Path] = typer.Option(
         None,
@@ -51,13 +53,23 @@ def inspect_command(
     """Summary, row fill and segments-per-row histograms, and rows drawn segment by segment."""
     from packer.inspect_report import draw
     from packer.inspection import inspect, load_tokenizer
+    from packer.report import stderr
 
     with user_errors(debug):
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
         report = inspect(directory, rows, tok, world_size, hidden_size)
+        for view in report["row_views"]:
+            if view.get("ids_outside_vocab"):
+                stderr.print(
+                    f"warning: row {view['row']:,}: {view['ids_outside_vocab']:,} token ids are "
+                    f">= the tokenizer's vocabulary size {view['vocab_size']:,}; their text is "
+                    "not what was trained on (another tokenizer?)",
+                    highlight=False,
+                    markup=False,
+                    soft_wrap=True,
+                )
         if html is not None:
             from packer.inspect_html import render_html
-            from packer.report import stderr
 
             # written beside, then renamed: an interrupted run leaves no half page
             tmp = html.with_name(f".{html.name}.tmp")

@@ -22,7 +22,11 @@ def _histogram(title: str, labels: list[str], values: list[int]) -> Table:
     return table
 
 
-def _row(view: dict) -> Table:
+# around label-masked text (-100) where no colour can dim it: piped, NO_COLOR (see --help)
+MASK_OPEN, MASK_CLOSE = "«", "»"
+
+
+def _row(view: dict, colour: bool = True) -> Table:
     table = Table(
         title=f"row {view['row']:,} ({view['shard']}, row {view['row_in_shard']:,}): "
         f"{view['tokens']:,} tokens, {view['loss_tokens']:,} loss tokens",
@@ -38,7 +42,9 @@ def _row(view: dict) -> Table:
         table.add_column(name, justify=justify)
     with_text = any("text" in seg for seg in view["segments"])
     if with_text:
-        table.add_column("text (masked dimmed)")
+        table.add_column(
+            "text (masked dimmed)" if colour else f"text (masked between {MASK_OPEN} {MASK_CLOSE})"
+        )
     for seg in view["segments"]:
         masked = ", ".join(f"{a}-{b - 1}" for a, b in seg["masked"]) or "none"
         cells = [
@@ -51,7 +57,12 @@ def _row(view: dict) -> Table:
         if with_text:
             text = Text()
             for run in seg.get("text", []):
-                text.append(run["text"], style="dim" if run["masked"] else "")
+                if run["masked"] and colour:
+                    text.append(run["text"], style="dim")
+                elif run["masked"]:
+                    text.append(f"{MASK_OPEN}{run['text']}{MASK_CLOSE}")
+                else:
+                    text.append(run["text"])
             cells.append(text)
         table.add_row(*cells)
     return table
@@ -94,4 +105,4 @@ def draw(report: dict, console: Console | None = None) -> None:
     )
     console.print(_histogram("segments per row", *segment_bins(report["histograms"])))
     for view in report["row_views"]:
-        console.print(_row(view))
+        console.print(_row(view, colour=console.color_system is not None))

@@ -156,12 +156,18 @@ def _row_view(shards: _Shards, sources: list[SourceFile], row: int, tokenizer) -
         seg["loss_tokens"] = int((~masked).sum())
         seg["masked"] = _runs(masked)
         if tokenizer is not None:
+            # special tokens shown: a missing <eos> or a stray <bos> is what one looks for here
             seg["text"] = [
-                {"masked": bool(masked[s]), "text": tokenizer.decode(ids[a + s : a + t].tolist())}
+                {
+                    "masked": bool(masked[s]),
+                    "text": tokenizer.decode(
+                        ids[a + s : a + t].tolist(), skip_special_tokens=False
+                    ),
+                }
                 for s, t in _alternating(masked)
             ]
         segments.append(seg)
-    return {
+    view = {
         "row": row,
         "shard": b.name,
         "row_in_shard": b.shard_row(r),
@@ -169,6 +175,12 @@ def _row_view(shards: _Shards, sources: list[SourceFile], row: int, tokenizer) -
         "loss_tokens": data["num_loss_tokens"],
         "segments": segments,
     }
+    if tokenizer is not None:
+        # ids the tokenizer does not know decode to nothing or garbage: the wrong tokenizer
+        vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+        view["vocab_size"] = vocab
+        view["ids_outside_vocab"] = int((np.asarray(ids) >= vocab).sum())
+    return view
 
 
 def _alternating(mask: np.ndarray) -> list[tuple[int, int]]:

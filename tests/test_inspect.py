@@ -171,3 +171,61 @@ def test_html_renders_in_headless_chromium(cli, packed, tmp_path: Path):
     assert "packer inspect:" in dom and "rows by fill" in dom
     for r in rows:
         assert f"Row {r} (shard-00000.arrow" in dom
+
+
+@pytest.fixture
+def tiny(cli, tmp_path: Path) -> Path:
+    """One row: a sample ending in <eos> (id 9) whose prompt is masked, and one with ids 20, 21."""
+    samples = [
+        {"input_ids": [1, 2, 3, 9], "labels": [-100, -100, 3, 9]},
+        {"input_ids": [4, 20, 21], "labels": [-100, 20, 21]},
+    ]
+    out = tmp_path / "out"
+    args = ["pack", write_jsonl(tmp_path / "a.jsonl", samples), "-o", out, "-L", 16]
+    assert cli(*args).exit_code == 0
+    return out
+
+
+def eos_tokenizer(path: Path) -> Path:
+    """Words w0..w8 and the special token <eos> as id 9: ten ids, so 20 and 21 are outside."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(9)} | {"<eos>": 9}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(["<eos>"])
+    tok.save(str(path))
+    return path
+
+
+def test_tokenizer_shows_special_tokens(cli, tiny, tmp_path: Path):
+    tok = eos_tokenizer(tmp_path / "tokenizer.json")
+    report = json.loads(cli("inspect", tiny, "--tokenizer", tok, "--json").stdout)
+    first = report["row_views"][0]["segments"][0]
+    assert " ".join(run["text"] for run in first["text"]).split() == ["w1", "w2", "w3", "<eos>"]
+
+
+def test_masked_text_is_marked_without_colour(cli, tiny, tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "150")
+    tok = eos_tokenizer(tmp_path / "tokenizer.json")
+    result = cli("inspect", tiny, "--tokenizer", tok)
+    assert result.exit_code == 0, result.stderr
+    # the first token of every sample is masked (no label predicts it), here with its prompt
+    assert "│ «w1 w2»w3 <eos> " in result.stdout
+    assert "«w4»" in result.stdout
+    help_text = " ".join(cli("inspect", "--help").stdout.split())
+    assert "between « » when piped" in help_text
+
+
+def test_ids_outside_the_vocabulary_are_one_warning(cli, tiny, tmp_path: Path):
+    tok = eos_tokenizer(tmp_path / "tokenizer.json")
+    result = cli("inspect", tiny, "--tokenizer", tok)
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        "warning: row 0: 2 token ids are >= the tokenizer's vocabulary size 10; their text is "
+        "not what was trained on (another tokenizer?)"
+    ]
+    report = json.loads(cli("inspect", tiny, "--tokenizer", tok, "--json").stdout)
+    assert report["row_views"][0]["ids_outside_vocab"] == 2
+    big = word_tokenizer(tmp_path / "big.json", vocab=100)
+    assert "warning" not in cli("inspect", tiny, "--tokenizer", big).stderr
