@@ -259,7 +259,7 @@ def pack(
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
     from packer.config import build_config
     from packer.pipeline import pack as run_pack
-    from packer.report import pack_table, progress_bars, stderr
+    from packer.report import pack_table, progress_bars, split_note, stderr
     from packer.write.commit import sigterm_as_interrupt
 
     with user_errors(debug):
@@ -303,6 +303,9 @@ def pack(
                     f"note: skipped {skipped}: a packer output, not samples", highlight=False
                 )
             stderr.print(pack_table(report, cfg.max_len))
+            note = split_note(report)
+            if note is not None:
+                stderr.print(note, highlight=False, markup=False, soft_wrap=True)
 
 
 from packer import (  # noqa: E402  (commands register themselves on `app`)

@@ -30,7 +30,7 @@ def pack_table(report: dict, max_len: int) -> Table:
         ("samples packed", f"{report['samples_packed']:,}"),
         ("dropped", f"{report['dropped']:,}"),
         ("truncated", f"{report['truncated']:,}"),
-        ("split", f"{report['split']:,}"),
+        ("split", _split(report)),
         *(
             (f"rejected: {reason}", f"{count:,}")
             for reason, count in report.get("rejected_by_reason", {}).items()
@@ -71,6 +71,26 @@ def pack_table(report: dict, max_len: int) -> Table:
     for what, value in rows:
         table.add_row(what, value)
     return table
+
+
+def _split(report: dict) -> str:
+    """Split samples, and the pieces they became: every packed sample is one segment, a split
+    one is one segment per piece, so the pieces are segments - samples packed + split."""
+    split = report["split"]
+    if not split or "segments" not in report:
+        return f"{split:,}"
+    pieces = report["segments"] - report["samples_packed"] + split
+    return f"{split:,} into {pieces:,} pieces"
+
+
+def split_note(report: dict) -> str | None:
+    """What a split costs, said once under the table when samples were split."""
+    if not report.get("split"):
+        return None
+    return (
+        "note: the continuation pieces of split samples start without their prompt context "
+        "and their first label is masked (-100); --overlength truncate or drop avoids it"
+    )
 
 
 @contextmanager

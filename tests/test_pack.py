@@ -397,3 +397,26 @@ def test_skipped_samples_show_in_the_human_report(tmp_path, cli, samples):
     )
     assert result.exit_code == 0, result.output
     assert "rejected: empty" in result.stderr
+
+
+@pytest.mark.parametrize("extra", [[], ["--block-size", "1KiB"]])
+def test_split_pieces_and_their_cost_in_the_table(tmp_path, cli, extra):
+    lengths = [10, 3, 7, 1, 9]
+    samples = [{"input_ids": list(range(1, n + 1))} for n in lengths]
+    path = write_jsonl(tmp_path / "a.jsonl", samples)
+    args = ["pack", path, "-o", tmp_path / "out", "-L", 4, "--overlength", "split", *extra]
+    result = cli(*args)
+    assert result.exit_code == 0, result.stderr
+    split = [n for n in lengths if n > 4]
+    pieces = sum(math.ceil(n / 4) for n in split)  # 3 + 2 + 3
+    assert f"│ split │ {len(split)} into {pieces} pieces │" in " ".join(result.stderr.split())
+    table = read_shards(tmp_path / "out")
+    assert table.column("sample_index").combine_chunks().flatten().to_pylist().count(0) == 3
+    notes = [line for line in result.stderr.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: the continuation pieces of split samples start without their prompt context and "
+        "their first label is masked (-100); --overlength truncate or drop avoids it"
+    ]
+    kept = cli(*args[:6], "--overlength", "truncate", "--overwrite", *extra)
+    assert kept.exit_code == 0, kept.stderr
+    assert "│ split │ 0 │" in " ".join(kept.stderr.split()) and "note:" not in kept.stderr
