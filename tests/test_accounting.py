@@ -227,6 +227,12 @@ def test_verify_checks_the_rejects_file(cli, tmp_path: Path, damage: str):
         manifest["rejects"]["xxh3_128"] = hashing.file_digest(rejects)
         save_manifest(out, manifest)
         expected = ["listed in rejects.jsonl but appears in a row", "1 appears in no row"]
+        checks = [CheckResult(n) for n in ("structure", "manifest", "input")]
+        source = read_samples([tmp_path / "x.jsonl"], "input_ids", "labels", on_error="skip")
+        check_structure(out, manifest_of(out), source, *checks)
+        assert [f.message for f in checks[2].failures if f.message.startswith("rejects")] == [
+            "rejects.jsonl lists samples 0 that the inputs hold as valid (it should list 1)"
+        ]
     else:
         rejects.write_text("")
         expected = ["rejects.jsonl: xxh3_128 differs", "lists 0 sample(s)"]

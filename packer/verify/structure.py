@@ -632,11 +632,22 @@ def check_structure(
             ((manifest.get("repacked_from") or {}).get("absent") or {}).get("rejected", 0)
         )
         expected = int(manifest["stats"].get("rejected", 0)) + n_prior
-        if int(source_rejected.sum()) != expected:
+        found = np.flatnonzero(source_rejected)
+        if found.size != expected:
             input_check.fail(
                 Failure(
-                    f"the inputs hold {int(source_rejected.sum())} sample(s) that packer "
+                    f"the inputs hold {found.size} sample(s) that packer "
                     f"rejects, but the manifest accounts for {expected}"
+                )
+            )
+        elif rejected is not None and not np.array_equal(np.sort(rejected), found):
+            input_check.fail(
+                Failure(
+                    "rejects.jsonl lists samples "
+                    + ", ".join(str(int(i)) for i in np.setdiff1d(rejected, found)[:10])
+                    + " that the inputs hold as valid (it should list "
+                    + ", ".join(str(int(i)) for i in np.setdiff1d(found, rejected)[:10])
+                    + ")"
                 )
             )
     prov = check_provenance(
