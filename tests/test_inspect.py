@@ -229,3 +229,43 @@ def test_ids_outside_the_vocabulary_are_one_warning(cli, tiny, tmp_path: Path):
     assert report["row_views"][0]["ids_outside_vocab"] == 2
     big = word_tokenizer(tmp_path / "big.json", vocab=100)
     assert "warning" not in cli("inspect", tiny, "--tokenizer", big).stderr
+
+
+def test_html_labels_values_for_people(cli, packed, tmp_path: Path):
+    import re
+
+    out, _ = packed
+    page = tmp_path / "report.html"
+    assert cli("inspect", out, "--world-size", "2", "--html", page).exit_code == 0
+    html = page.read_text()
+    keys = re.findall(r"<tr><th>([^<]*)</th><td>", html)
+    assert "rows / lower bound" in keys and "samples split" in keys and "pad rows to L" in keys
+    assert [k for k in keys if "_" in k] == []  # no raw key (rows_over_lower_bound)
+    values = re.findall(r"<th>[^<]*</th><td>([^<]*)</td>", html)
+    assert not {"True", "False", "None"} & set(values)
+    assert "—" in values  # config.window: none
+    stats = json.loads((out / "manifest.json").read_text())["stats"]
+    efficiency = dict(zip(keys, values))["efficiency (tokens / rows·L)"]
+    assert efficiency == f"{100 * stats['efficiency']:.3f} %"
+    assert str(stats["efficiency"]) not in html  # 0.995341 is not shown beside 99.53 %
+    assert re.search(r"efficiency, balanced by tokens</th><td>\d+\.\d %<", html)
+
+
+def test_html_axis_labels_do_not_overlap(cli, tmp_path: Path):
+    import re
+
+    # hundreds of short samples a row: the segments-per-row axis has ranges like "64-134"
+    source = write_parquet(tmp_path / "a.parquet", make_samples(20000, seed=4, median=10))
+    out, page = tmp_path / "out", tmp_path / "report.html"
+    assert cli("pack", source, "-o", out, "-L", 4096).exit_code == 0
+    assert cli("inspect", out, "--html", page).exit_code == 0
+    for svg in re.findall(r"<svg.*?</svg>", page.read_text()):
+        texts = re.findall(r'<text ([^>]*)y="([\d.]+)"([^>]*)>([^<]*)</text>', svg)
+        axis_y = max(float(y) for _, y, _, _ in texts)
+        axis = [(a + b, t) for a, y, b, t in texts if float(y) == axis_y]
+        assert len(axis) > 1
+        if all("rotate(" in attrs for attrs, _ in axis):
+            continue
+        xs = [float(re.search(r'x="([\d.]+)"', attrs).group(1)) for attrs, _ in axis]
+        for (x0, (_, label)), x1 in zip(zip(xs, axis), xs[1:]):
+            assert x1 - x0 >= 6.5 * len(label), f"axis label {label!r} runs into the next one"
