@@ -168,6 +168,10 @@ def test_repack_keeps_labels_and_dropped_numbering(cli, tmp_path: Path):
     assert shard_bytes(re) == shard_bytes(direct)
     origin = json.loads((re / "manifest.json").read_text())["repacked_from"]
     assert origin["samples_absent"] == dropped
+    for extra in ([], ["--input", src]):  # the drops of the first pack are accounted for
+        r = cli("verify", re, "--no-attention", *extra)
+        assert r.exit_code == 0, r.output
+    assert origin["absent"]["dropped"] == dropped and origin["absent"]["dropped_over"] == 128
     table = read_shards(re).to_pydict()
     # labels come back as they were in the source (the first of each sample is -100 anyway)
     for ids, labels, cu, sidx in zip(
