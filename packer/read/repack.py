@@ -11,6 +11,12 @@ A packed row labels the first token of every segment -100, so the label at the s
 piece after the first of a split sample is not in the rows: without a labels column it is the
 token itself; with one, the output keeps it in `split_labels.jsonl`. An output without that
 file (written before packer kept it) is refused rather than re-packed with other labels.
+
+Nothing read is trusted: every listed shard must have its recorded size, digest (one read of
+the file), rows, tokens and segments, and the shards must hold every sample the manifest says
+was packed, the rest accounted for as dropped or rejected; otherwise one line names the file
+and what differs, and nothing is written. What the packed input left out is carried on in
+`repacked_from.absent` (see `absent_samples`), so `verify` can account for it.
 """
 
 from __future__ import annotations
