@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import typer
 
@@ -57,3 +60,30 @@ def test_help_shows_defaults_as_written(cli):
     assert "[default: bfd, or the config's]" in text
     assert "--overwrite Replace an existing output" in text and "[default: off]" in text
     assert "[required, here or in --config]" in text
+
+
+CLI_DOC = Path(__file__).parent.parent / "docs" / "cli.md"
+
+
+def help_examples(text: str) -> list[str]:
+    """The command lines under 'Examples:' at the end of a --help text."""
+    return [line.strip() for line in text.split("\n  Examples:\n")[-1].splitlines() if line]
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_docs_show_the_examples_of_help(cli, name):
+    """docs/cli.md is written by hand: this check (and tests/test_docs.py for the options)
+    says exactly what to copy when a command's --help changes."""
+    examples = help_examples(cli(name, "--help").stdout)
+    assert examples, f"`packer {name} --help` shows no examples"
+    section = re.search(
+        rf"^### packer {name}\n(.*?)(?=^#{{1,3}} |\Z)", CLI_DOC.read_text(), re.M | re.S
+    )
+    assert section, f"docs/cli.md has no '### packer {name}' section"
+    block = re.search(r"^Examples .*?\n\n```\n(.*?)```", section.group(1), re.M | re.S)
+    documented = block.group(1).splitlines() if block else []
+    assert documented == examples, (
+        f"docs/cli.md's examples for `packer {name}` differ from `packer {name} --help`: replace "
+        f"the ``` block after 'Examples (as `packer {name} --help` shows them):' in its section "
+        f"with the lines under 'Examples:' of `python -m packer {name} --help`: {examples}"
+    )
