@@ -68,6 +68,15 @@ def inspect_command(
                     markup=False,
                     soft_wrap=True,
                 )
+        if world_size is not None and world_size > report["rows"]:
+            stderr.print(
+                f"warning: --world-size {world_size} is more ranks than the {report['rows']:,} "
+                "rows: each step is filled with repeated rows, so the DP efficiency models a "
+                "padded epoch",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
         if html is not None:
             from packer.inspect_html import render_html
 

@@ -3,6 +3,7 @@ and table on a narrow terminal, and the line `inspect --html` prints."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -106,3 +107,17 @@ def test_inspect_html_says_what_it_wrote(cli, fourteen: Path, tmp_path: Path):
     assert f"wrote {page}" in result.stderr.splitlines()
     assert page.read_text().startswith("<!")
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_inspect_warns_when_ranks_outnumber_rows(cli, fourteen: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    assert cli("pack", fourteen, "-o", out, "-L", "512").exit_code == 0
+    rows = json.loads((out / "manifest.json").read_text())["stats"]["rows"]
+    result = cli("inspect", out, "--world-size", "64")
+    assert result.exit_code == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: --world-size 64 is more ranks than the {rows} rows: each step is filled with "
+        "repeated rows, so the DP efficiency models a padded epoch"
+    ]
+    assert "warning" not in cli("inspect", out, "--world-size", str(rows)).stderr
