@@ -105,4 +105,4 @@ def draw(report: dict, console: Console | None = None) -> None:
     )
     console.print(_histogram("segments per row", *segment_bins(report["histograms"])))
     for view in report["row_views"]:
-        console.print(_row(view, colour=console.color_system is not None))
+        console.print(_row(view, colour=console.color_system is not None and not console.no_color))
