@@ -67,8 +67,11 @@ class PackConfig:
             )
         if self.hash not in ALGORITHMS:
             raise UsageError(f"unknown --hash '{self.hash}' (choose from {', '.join(ALGORITHMS)})")
-        if not -(2**31) <= self.pad_id < 2**31:
-            raise UsageError(f"--pad-id {self.pad_id} does not fit a 32-bit token id")
+        if not 0 <= self.pad_id < 2**31:
+            raise UsageError(
+                f"--pad-id {self.pad_id} must be a token id from 0 to {2**31 - 1} "
+                "(verify rejects a negative pad id)"
+            )
         if self.shard_rows is not None and self.shard_rows < 1:
             raise UsageError(f"--shard-rows must be at least 1, got {self.shard_rows}")
         if self.window is not None and self.window < 1:

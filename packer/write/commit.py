@@ -72,7 +72,12 @@ def remove_stale(output: Path) -> None:
     """
     prefix_tmp = f".{output.name}{TMP_MARK}"
     prefix_old = f".{output.name}{OLD_MARK}"
-    for entry in sorted(output.parent.glob(f".{output.name}.packer-*")):
+    # names compared as strings: a glob of `run[1]` would never match its own directories
+    try:
+        entries = sorted(output.parent.iterdir())
+    except FileNotFoundError:
+        return
+    for entry in entries:
         name = entry.name
         for prefix in (prefix_tmp, prefix_old):
             if not name.startswith(prefix):

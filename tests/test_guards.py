@@ -1,0 +1,44 @@
+"""Input guards: refused up front in one line, and names that are no glob patterns."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from packer.cli import app
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample.jsonl.gz"
+runner = CliRunner()
+
+
+def test_negative_pad_id_refused_by_cli(tmp_path):
+    out = tmp_path / "out"
+    res = runner.invoke(
+        app, ["pack", str(SAMPLE), "-o", str(out), "-L", "512", "--pad", "--pad-id", "-1"]
+    )
+    assert res.exit_code == 2, res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --pad-id -1"), res.output
+    assert not out.exists()
+
+
+def test_negative_pad_id_refused_by_library(tmp_path):
+    from packer import pack_dataset
+    from packer.errors import PackerError
+
+    with pytest.raises(PackerError, match="pad"):
+        pack_dataset([[1, 2, 3]], 8, pad=True, pad_id=-1)
+
+
+def test_stale_temp_dir_of_glob_named_output_is_removed(tmp_path):
+    out = tmp_path / "run[1]"
+    stale = tmp_path / ".run[1].packer-tmp-999999999-deadbeef"
+    stale.mkdir()
+    (stale / "shard-00000.arrow").write_bytes(b"half")
+    res = runner.invoke(
+        app, ["pack", str(SAMPLE), "-o", str(out), "-L", "512", "--overlength", "truncate"]
+    )
+    assert res.exit_code == 0, res.output
+    assert (out / "manifest.json").exists()
+    assert not stale.exists()
+    assert not [p for p in tmp_path.iterdir() if ".packer-tmp-" in p.name]
