@@ -5,6 +5,7 @@ Precedence: explicit command-line flags > the `--config` YAML file > these defau
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -49,6 +50,11 @@ class PackConfig:
     def validate(self) -> PackConfig:
         from packer.planning.strategies import STRATEGIES
 
+        # numpy integers are integers: taken as int so the manifest's JSON and numba see plain ints
+        for name in ("max_len", "pad_id", "seed", "window", "shard_rows", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
+                setattr(self, name, int(value))
         if not isinstance(self.max_len, int) or isinstance(self.max_len, bool) or self.max_len < 1:
             raise UsageError(f"--max-len must be an integer of at least 1, got {self.max_len!r}")
         if self.max_len > 2**30:

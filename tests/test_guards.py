@@ -42,3 +42,14 @@ def test_stale_temp_dir_of_glob_named_output_is_removed(tmp_path):
     assert (out / "manifest.json").exists()
     assert not stale.exists()
     assert not [p for p in tmp_path.iterdir() if ".packer-tmp-" in p.name]
+
+
+def test_numpy_integers_are_integers():
+    import numpy as np
+
+    from packer import pack_dataset
+
+    data = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    got = pack_dataset(data, np.int64(8), seed=np.int32(1), pad=True, pad_id=np.int16(3))
+    want = pack_dataset(data, 8, seed=1, pad=True, pad_id=3)
+    assert got.to_pydict() == want.to_pydict()
