@@ -78,6 +78,11 @@ class PackConfig:
                 f"--pad-id {self.pad_id} must be a token id from 0 to {2**31 - 1} "
                 "(verify rejects a negative pad id)"
             )
+        if self.labels_column is not None and self.labels_column == self.input_column:
+            raise UsageError(
+                f"--labels-column '{self.labels_column}' is the --input-column too: "
+                "labels need a column of their own (or none)"
+            )
         if self.shard_rows is not None and self.shard_rows < 1:
             raise UsageError(f"--shard-rows must be at least 1, got {self.shard_rows}")
         if self.window is not None and self.window < 1:

@@ -53,3 +53,18 @@ def test_numpy_integers_are_integers():
     got = pack_dataset(data, np.int64(8), seed=np.int32(1), pad=True, pad_id=np.int16(3))
     want = pack_dataset(data, 8, seed=1, pad=True, pad_id=3)
     assert got.to_pydict() == want.to_pydict()
+
+
+def test_same_column_for_ids_and_labels_refused(tmp_path):
+    from packer import pack_dataset
+    from packer.errors import PackerError
+
+    with pytest.raises(PackerError, match="labels"):
+        pack_dataset([[1, 2, 3]], 8, input_column="input_ids", labels_column="input_ids")
+    res = runner.invoke(
+        app,
+        ["pack", str(SAMPLE), "-o", str(tmp_path / "o"), "-L", "512"]
+        + ["--input-column", "input_ids", "--labels-column", "input_ids"],
+    )
+    assert res.exit_code == 2, res.output
+    assert res.output.startswith("error: --labels-column 'input_ids'"), res.output
