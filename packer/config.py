@@ -140,6 +140,11 @@ def load_yaml(path: str | Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise UsageError("a config file must be a mapping of option: value", where=str(path))
+    if isinstance(data.get("config"), dict) and (
+        "packer_version" in data or "format_version" in data
+    ):
+        # a packer manifest (JSON is YAML): its config section packs again exactly as it was
+        data = data["config"]
     values = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")

@@ -1,5 +1,6 @@
 """Input guards: refused up front in one line, and names that are no glob patterns."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,22 @@ def test_same_column_for_ids_and_labels_refused(tmp_path):
     )
     assert res.exit_code == 2, res.output
     assert res.output.startswith("error: --labels-column 'input_ids'"), res.output
+
+
+def test_manifest_as_config_packs_the_same_bytes(tmp_path):
+    first, again = tmp_path / "first", tmp_path / "again"
+    flags = ["-L", "700", "--overlength", "split", "--pad", "--pad-id", "5", "--seed", "3"]
+    res = runner.invoke(app, ["pack", str(SAMPLE), "-o", str(first), *flags])
+    assert res.exit_code == 0, res.output
+    config = ["--config", str(first / "manifest.json")]
+    res = runner.invoke(app, ["pack", str(SAMPLE), "-o", str(again), *config])
+    assert res.exit_code == 0, res.output
+    shards = sorted(p.name for p in first.glob("shard-*.arrow"))
+    assert shards and shards == sorted(p.name for p in again.glob("shard-*.arrow"))
+    for name in shards:
+        assert (first / name).read_bytes() == (again / name).read_bytes(), name
+    # a flag on the command line still wins over the manifest
+    other = tmp_path / "other"
+    res = runner.invoke(app, ["pack", str(SAMPLE), "-o", str(other), *config, "--pad-id", "6"])
+    assert res.exit_code == 0, res.output
+    assert json.loads((other / "manifest.json").read_text())["config"]["pad_id"] == 6
