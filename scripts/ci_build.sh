@@ -5,8 +5,8 @@
 #
 # Any non-zero exit fails the job: 1 bad data or a failed check, 2 bad options. The JSON reports
 # land beside OUT (OUT.pack.json, OUT.verify.json). Environment:
-#   PYTHON           interpreter to install into and run with (default: python3)
-#   SKIP_INSTALL=1   packer is already importable: do not pip install
+#   PYTHON           interpreter that makes the build's venv (default: python3); never installed into
+#   SKIP_INSTALL=1   packer is already importable by PYTHON: run it there, install nothing
 #   MAX_LEN          row length (default: 4096)
 #   NUMBA_CACHE_DIR  where numba keeps its compiled kernels (default: .numba-cache); cache this
 #                    directory between CI runs, keyed on the packer sources and the Python version
@@ -19,7 +19,13 @@ MAX_LEN=${MAX_LEN:-4096}
 export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba-cache}
 
 if [ "${SKIP_INSTALL:-0}" != 1 ]; then
-    "$PYTHON" -m pip install --quiet .   # the core install: no torch
+    # A fresh venv of its own, removed at exit: the caller's Python (the system's, or a venv with
+    # an editable install) is never touched.
+    VENV=$(mktemp -d "${TMPDIR:-/tmp}/packer-ci-venv.XXXXXX")
+    trap 'rm -rf "$VENV"' EXIT
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install --quiet .   # the core install: no torch
+    PYTHON=$VENV/bin/python
 fi
 
 mkdir -p "$(dirname "$OUT")"
