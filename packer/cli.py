@@ -60,7 +60,7 @@ def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
 
     from packer.report import stderr
 
-    # escaped: a message may hold brackets ('packer[verify]', a file name) that are not markup
+    # escaped: a message may hold brackets ('packer-llm[verify]', a file name) that are not markup
     stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
@@ -244,7 +244,7 @@ def pack(
         "--engine",
         metavar=choices(ENGINES),
         help="Where the work runs: local (this process) or ray (Ray tasks, one per block; "
-        f"needs packer[ray]). The output is the same. {config_default('local')}",
+        f"needs packer-llm[ray]). The output is the same. {config_default('local')}",
     ),
     ray_address: Optional[str] = typer.Option(
         None,

@@ -196,7 +196,7 @@ def load_tokenizer(path: str | Path):
         from tokenizers import Tokenizer
     except ImportError:
         raise UsageError(
-            "--tokenizer needs the tokenizers package: pip install 'packer[inspect]'"
+            "--tokenizer needs the tokenizers package: pip install 'packer-llm[inspect]'"
         ) from None
     path = Path(path)
     if path.is_dir():

@@ -54,7 +54,7 @@ class RayEngine:
             import ray
         except ImportError:
             raise UsageError(
-                "--engine ray needs Ray, which is not installed: pip install 'packer[ray]'"
+                "--engine ray needs Ray, which is not installed: pip install 'packer-llm[ray]'"
             ) from None
         self.ray = ray
         self.owned = False

@@ -18,7 +18,7 @@ try:
 except ImportError as exc:  # the core install: say which extra brings torch
     raise ImportError(
         "packer.torch needs torch, which the core install leaves out: "
-        "pip install 'packer[verify]' (or install torch first)"
+        "pip install 'packer-llm[verify]' (or install torch first)"
     ) from exc
 
 from packer.torch.collate import MODES, block_causal_mask, collate_packed, model_inputs

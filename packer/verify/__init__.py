@@ -43,7 +43,7 @@ def parse_rows(value: str | int | None) -> int | None:
 
 
 TORCH_MISSING = (
-    "the attention check needs torch: pip install 'packer[verify]', or pass --no-attention "
+    "the attention check needs torch: pip install 'packer-llm[verify]', or pass --no-attention "
     "for the structural checks alone"
 )
 
