@@ -218,3 +218,39 @@ def test_sigterm_during_a_ray_run_is_one_line_143_and_keeps_the_previous_output(
     assert stderr == "error: terminated; no partial output was left\n"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
+
+
+WAIT_FOR_TERM = """
+import sys, time
+from packer.engines.ray import RayEngine
+from packer.errors import Terminated
+from packer.write.commit import sigterm_as_interrupt
+engine = RayEngine(sys.argv[1], 1)
+try:
+    with sigterm_as_interrupt():
+        print("waiting", flush=True)
+        engine.map(time.sleep, [(60,)])
+except KeyboardInterrupt as exc:
+    print(type(exc).__name__, flush=True)
+finally:
+    engine.close()
+"""
+
+
+def test_sigterm_while_ray_wait_blocks_stays_terminated(cluster):
+    """ray.wait checks signals itself and reraises the handler's `Terminated` as a plain
+    KeyboardInterrupt: the engine must give back SIGTERM's exception, or the CLI exits 130."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WAIT_FOR_TERM, cluster],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "waiting\n"
+        time.sleep(1.0)  # inside ray.wait: the one task sleeps for a minute
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert out == "Terminated\n"

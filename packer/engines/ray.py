@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from packer.errors import PackerError, Terminated, UsageError
+from packer.write.commit import sigterm_seen
 
 MAX_RETRIES = 3
 OBJECT_STORE_BYTES = 256 << 20  # a local instance: tasks exchange summaries, never tokens
@@ -122,6 +123,11 @@ class RayEngine:
                 f"a packer task failed on Ray after {MAX_RETRIES} retries "
                 f"({type(exc).__name__}: {_first_line(exc)}); nothing was written"
             ) from None
+        except KeyboardInterrupt as exc:
+            self._cancel(pending)
+            if not isinstance(exc, Terminated) and sigterm_seen():
+                raise Terminated() from None  # ray.wait reraised SIGTERM's Terminated as Ctrl-C
+            raise
         except BaseException:
             self._cancel(pending)
             raise

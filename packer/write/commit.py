@@ -269,8 +269,18 @@ def deferred_signals() -> Iterator[None]:
                 signal.raise_signal(received[0])
 
 
+_sigterm_seen = threading.Event()
+
+
 def _raise_terminated(signum, frame):
+    _sigterm_seen.set()
     raise Terminated()
+
+
+def sigterm_seen() -> bool:
+    """Whether SIGTERM arrived under `sigterm_as_interrupt`, even if a library (Ray's `ray.wait`
+    checks signals and raises a plain KeyboardInterrupt) turned its `Terminated` into Ctrl-C's."""
+    return _sigterm_seen.is_set()
 
 
 @contextmanager
@@ -279,6 +289,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
         yield
         return
+    _sigterm_seen.clear()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
