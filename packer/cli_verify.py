@@ -157,7 +157,14 @@ def verify(
                 soft_wrap=True,
             )
         if result.failure_count > MAX_PRINTED:
-            stderr.print(f"… and {result.failure_count - MAX_PRINTED} more (see --json)")
+            more = result.failure_count - MAX_PRINTED
+            listed = result.failures_listed
+            where = (
+                "--json lists all"
+                if listed == result.failure_count
+                else f"--json lists {listed - MAX_PRINTED} of them"
+            )
+            stderr.print(f"… and {more} more ({where})")
     if not result.ok:
         if not json_out:
             stderr.print(

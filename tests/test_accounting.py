@@ -205,10 +205,6 @@ def test_verify_counts_rejected_samples(cli, tmp_path: Path):
     assert verify_json(cli, re)["ok"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs packer/verify/__init__.py to read --input with on_error='skip'",
-)
 def test_verify_input_of_an_on_error_skip_output(cli, tmp_path: Path):
     src, out = skip_output(cli, tmp_path)
     report = verify_json(cli, out, "--input", src)
@@ -255,6 +251,10 @@ def test_verify_json_lists_the_failures_the_text_counts(cli, tmp_path: Path):
     assert len(structure["failures"]) == min(structure["failure_count"], MAX_LISTED)
     assert structure["failures_omitted"] == 0
     assert report["failures_listed"] == report["failure_count"]
+    text = cli("verify", out, "--no-attention")  # the text points at what the JSON holds
+    assert text.exit_code == 1
+    more = report["failure_count"] - 10
+    assert f"… and {more} more (--json lists all)" in text.output, text.output
 
 
 def test_verify_input_of_another_file_is_one_fingerprint_failure(cli, tmp_path: Path):
@@ -273,3 +273,18 @@ def test_verify_input_of_another_file_is_one_fingerprint_failure(cli, tmp_path: 
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(src.read_bytes())
     assert verify_json(cli, out, "--input", copy)["ok"]
+
+
+def test_verify_text_says_how_many_the_json_lists(cli, tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("packer.verify.result.MAX_LISTED", 30)
+    src = write_jsonl(tmp_path / "src.jsonl", make_samples(400, seed=2, median=40, max_len=60))
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", "64").exit_code == 0
+    manifest = manifest_of(out)
+    manifest["config"]["max_len"] = 8
+    save_manifest(out, manifest)
+    res = cli("verify", out, "--no-attention")
+    assert res.exit_code == 1
+    listed = verify_json(cli, out)["failures_listed"]
+    assert listed < verify_json(cli, out)["failure_count"]
+    assert f"(--json lists {listed - 10} of them)" in res.output, res.output

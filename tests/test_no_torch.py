@@ -89,6 +89,7 @@ def test_verify_no_attention_runs_the_structural_checks(env, packed):
             "ok": None,
             "ran": False,
             "failure_count": 0,
+            "failures_omitted": 0,
             "failures": [],
             "skipped_reason": "--no-attention was given",
         }

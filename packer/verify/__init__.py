@@ -122,7 +122,7 @@ def verify(
                 from packer.read.assemble import read_samples
 
                 columns = _columns(manifest)
-                source = read_samples(inputs, *columns)
+                source = read_samples(inputs, *columns, on_error="skip")  # verify counts rejects
             try:
                 checks = _run_checks(
                     version.path,
@@ -193,11 +193,10 @@ def _run_checks(
     input_check = add(
         CheckResult("input") if source is not None else _not_run("input", "no --input given")
     )
-    if progress:
-        progress(STAGE_STRUCTURE, 0, 0)
-    statuses = check_structure(out, manifest, source, structure, manifest_check, input_check)
-    if progress:
-        progress(STAGE_STRUCTURE, 1, 1)
+    on_shard = _stage(progress, STAGE_STRUCTURE)
+    statuses = check_structure(
+        out, manifest, source, structure, manifest_check, input_check, on_shard
+    )
 
     if chosen is None:
         for name in ("attention", "negative_control", "model", "user_model"):

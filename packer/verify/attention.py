@@ -206,7 +206,10 @@ def probe_backends() -> dict[str, str | None]:
 
         found["flash-attn"] = None if cuda else "flash-attn needs a CUDA GPU"
     except Exception:  # ImportError, or a broken build that fails while loading its library
-        found["flash-attn"] = "flash-attn is not installed (pip install flash-attn --no-build-isolation, with a CUDA toolkit)"
+        found["flash-attn"] = (
+            "flash-attn is not installed "
+            "(pip install flash-attn --no-build-isolation, with a CUDA toolkit)"
+        )
     has_varlen = _torch_varlen() is not None
     if not cuda:
         found["torch-varlen"] = "torch's varlen flash attention needs a CUDA GPU"

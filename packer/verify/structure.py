@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -573,16 +574,23 @@ def check_structure(
     structure: CheckResult,
     manifest_check: CheckResult,
     input_check: CheckResult,
+    on_shard: Callable[[int, int], None] | None = None,
 ) -> list[RowStatus]:
     """Run all CPU checks; fill the three results (`input_check` only when there is a
-    `source`); return the per-shard row status."""
+    `source`); return the per-shard row status. `on_shard(done, total)` follows the shards read
+    (the long part on a large output)."""
     t0 = time.perf_counter()
     cfg = manifest["config"]
     max_len, pad, pad_id = cfg["max_len"], cfg["pad"], cfg["pad_id"]
     statuses: list[RowStatus] = []
     shards_read = 0
     listed = set()
-    for entry in manifest["shards"]:
+    n_shards = len(manifest["shards"])
+    if on_shard:
+        on_shard(0, n_shards)
+    for done, entry in enumerate(manifest["shards"], 1):
+        if on_shard and done > 1:
+            on_shard(done - 1, n_shards)
         name = entry["file"]
         listed.add(name)
         path = output_dir / name
@@ -693,4 +701,6 @@ def check_structure(
         }
     )
     manifest_check.details.update({"shards": len(manifest["shards"])})
+    if on_shard:
+        on_shard(n_shards, n_shards)
     return statuses
