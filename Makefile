@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip uninstall -q -y packer 2>/dev/null || true  # the distribution's name before packer-llm
 	$(BIN)/pip install -q -e ".[dev]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
