@@ -23,6 +23,7 @@ from packer.errors import (
     EXIT_USAGE,
     PackerError,
     Terminated,
+    flag_names,
 )
 from packer.hashing import ALGORITHMS
 from packer.planning.overlength import POLICIES
@@ -67,9 +68,11 @@ def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
 
 @contextmanager
 def user_errors(debug: bool):
-    """Turn expected failures into one line and an exit code; --debug shows the traceback."""
+    """Turn expected failures into one line and an exit code; --debug shows the traceback.
+    Messages name options by their flags here (`flag_names`), by their parameters in Python."""
     try:
-        yield
+        with flag_names():
+            yield
     except typer.Exit:
         raise
     except PackerError as exc:

@@ -5,13 +5,13 @@ Precedence: explicit command-line flags > the `--config` YAML file > these defau
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import yaml
 
-from packer.errors import UsageError
+from packer import arguments as A
+from packer.errors import UsageError, option
 from packer.hashing import ALGORITHMS
 from packer.planning.overlength import POLICIES
 
@@ -48,61 +48,48 @@ class PackConfig:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
 
     def validate(self) -> PackConfig:
+        """Check every field (one line naming the option) and normalise numpy ints to int, so
+        that the manifest's JSON and numba see plain values."""
         from packer.planning.strategies import STRATEGIES
 
-        # numpy integers are integers: taken as int so the manifest's JSON and numba see plain ints
-        for name in ("max_len", "pad_id", "seed", "window", "shard_rows", "block_size"):
-            value = getattr(self, name)
-            if isinstance(value, numbers.Integral) and not isinstance(value, (bool, int)):
-                setattr(self, name, int(value))
-        if not isinstance(self.max_len, int) or isinstance(self.max_len, bool) or self.max_len < 1:
-            raise UsageError(f"--max-len must be an integer of at least 1, got {self.max_len!r}")
+        self.max_len = A.integer(self.max_len, "max_len", minimum=1)
         if self.max_len > 2**30:
-            raise UsageError(f"--max-len {self.max_len} is too large (at most 2^30)")
-        if self.strategy not in STRATEGIES:
-            raise UsageError(
-                f"unknown --strategy '{self.strategy}' (choose from {', '.join(STRATEGIES)})"
-            )
-        if self.overlength not in POLICIES:
-            raise UsageError(
-                f"unknown --overlength '{self.overlength}' (choose from {', '.join(POLICIES)})"
-            )
-        if self.on_error not in ON_ERROR:
-            raise UsageError(
-                f"unknown --on-error '{self.on_error}' (choose from {', '.join(ON_ERROR)})"
-            )
-        if self.hash not in ALGORITHMS:
-            raise UsageError(f"unknown --hash '{self.hash}' (choose from {', '.join(ALGORITHMS)})")
+            raise UsageError(f"{option('max_len')} {self.max_len} is too large (at most 2^30)")
+        A.choice(self.strategy, "strategy", STRATEGIES)
+        A.choice(self.overlength, "overlength", POLICIES)
+        A.choice(self.on_error, "on_error", ON_ERROR)
+        A.choice(self.hash, "hash", ALGORITHMS)
+        self.pad = A.boolean(self.pad, "pad")
+        self.pad_id = A.integer(self.pad_id, "pad_id")
         if not 0 <= self.pad_id < 2**31:
             raise UsageError(
-                f"--pad-id {self.pad_id} must be a token id from 0 to {2**31 - 1} "
+                f"{option('pad_id')} {self.pad_id} must be a token id from 0 to {2**31 - 1} "
                 "(verify rejects a negative pad id)"
+            )
+        A.text(self.input_column, "input_column")
+        if self.labels_column is not None and not isinstance(self.labels_column, str):
+            raise UsageError(
+                f"{option('labels_column')} must be a column name or none, "
+                f"got {self.labels_column!r}"
             )
         if self.labels_column is not None and self.labels_column == self.input_column:
             raise UsageError(
-                f"--labels-column '{self.labels_column}' is the --input-column too: "
-                "labels need a column of their own (or none)"
+                f"{option('labels_column')} '{self.labels_column}' is the "
+                f"{option('input_column')} too: labels need a column of their own (or none)"
             )
-        if self.shard_rows is not None and self.shard_rows < 1:
-            raise UsageError(f"--shard-rows must be at least 1, got {self.shard_rows}")
-        if self.window is not None and self.window < 1:
-            raise UsageError(f"--window must be at least 1, got {self.window}")
-        if self.seed < 0:
-            raise UsageError(f"--seed must be non-negative, got {self.seed}")
-        if not self.input_column:
-            raise UsageError("--input-column must not be empty")
-        if self.engine not in ENGINES:
-            raise UsageError(f"unknown --engine '{self.engine}' (choose from {', '.join(ENGINES)})")
+        self.shard_rows = A.integer(self.shard_rows, "shard_rows", minimum=1, none=True)
+        self.window = A.integer(self.window, "window", minimum=1, none=True)
+        self.seed = A.integer(self.seed, "seed", minimum=0)
+        A.choice(self.engine, "engine", ENGINES)
         if isinstance(self.block_size, str):
             from packer.read.cache import parse_size
 
-            self.block_size = parse_size(self.block_size, "--block-size", minimum=1)
-        if self.block_size is not None and (
-            not isinstance(self.block_size, int) or self.block_size < 1
-        ):
-            raise UsageError(f"--block-size must be a positive size, got {self.block_size!r}")
+            self.block_size = parse_size(self.block_size, option("block_size"), minimum=1)
+        self.block_size = A.integer(self.block_size, "block_size", minimum=1, none=True)
+        A.text(self.ray_address, "ray_address", none=True)
         if self.ray_address is not None and self.engine != "ray":
-            raise UsageError("--ray-address needs --engine ray")
+            needs = option('engine="ray"', "--engine ray")
+            raise UsageError(f"{option('ray_address')} needs {needs}")
         return self
 
     def to_dict(self) -> dict:

@@ -7,10 +7,35 @@ prints that line and exits non-zero instead of showing a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 EXIT_FAILURE = 1  # bad input data, I/O failure, failed verification
 EXIT_USAGE = 2  # bad options or configuration
 EXIT_INTERRUPTED = 130  # SIGINT (128 + 2)
 EXIT_TERMINATED = 143  # SIGTERM (128 + 15)
+
+
+_FLAG_NAMES: ContextVar[bool] = ContextVar("packer_flag_names", default=False)
+
+
+def option(parameter: str, flag: str | None = None) -> str:
+    """How a message names an option: as its Python parameter (`max_len`) for a library caller,
+    as its flag (`--max-len`, or `flag` where the two differ) under the CLI (`flag_names`)."""
+    if not _FLAG_NAMES.get():
+        return parameter
+    return flag or "--" + parameter.replace("_", "-")
+
+
+@contextmanager
+def flag_names() -> Iterator[None]:
+    """While active, `option` gives the CLI's flags: the CLI's commands run under it."""
+    token = _FLAG_NAMES.set(True)
+    try:
+        yield
+    finally:
+        _FLAG_NAMES.reset(token)
 
 
 class PackerError(Exception):

@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 
 from packer import __version__, hashing
+from packer import arguments as A
 from packer import workers as workers_mod
 from packer.config import PackConfig
 from packer.errors import InputError, OptionError, OutputError, SampleError, UsageError
@@ -708,7 +709,7 @@ def pack_dataset(
             max_len=max_len,
             strategy=strategy,
             overlength=overlength,
-            pad=bool(pad),
+            pad=pad,
             pad_id=pad_id,
             seed=seed,
             window=window,
@@ -716,7 +717,17 @@ def pack_dataset(
             labels_column=labels_column or "",
             on_error=on_error,
         ).validate()
+        workers = A.integer(workers, "workers", minimum=1, none=True)
         n_workers = workers_mod.configure(workers) if workers else workers_mod.current()
+        if labels is not None and (
+            isinstance(labels, (str, bytes, dict)) or not isinstance(labels, Iterable)
+        ):
+            raise UsageError(
+                "labels must be label lists parallel to data's samples, "
+                f"got {type(labels).__name__}"
+            )
+        for name, value in (("return_stats", return_stats), ("keep_in_memory", keep_in_memory)):
+            A.boolean(value, name)
         if keep_in_memory and cache_file_name is not None:
             raise UsageError("use either keep_in_memory=True or cache_file_name=, not both")
         if cache_file_name is not None and not _is_dataset(data, "Dataset"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.errors import UsageError
+from packer.errors import UsageError, option
 from packer.read.reasons import IGNORE_INDEX
 from packer.read.samples import SourceFile
 from packer.verify.shards import ShardArrays, read_manifest, read_shard
@@ -196,7 +196,7 @@ def load_tokenizer(path: str | Path):
         from tokenizers import Tokenizer
     except ImportError:
         raise UsageError(
-            "--tokenizer needs the tokenizers package: pip install 'packer-llm[inspect]'"
+            f"{option('tokenizer')} needs the tokenizers package: pip install 'packer-llm[inspect]'"
         ) from None
     path = Path(path)
     if path.is_dir():
@@ -228,7 +228,9 @@ def inspect(
     wanted = [0] if rows is None else list(rows)
     for row in wanted:
         if not 0 <= row < n:
-            raise UsageError(f"--row {row} is out of range (the output has {n:,} rows)")
+            raise UsageError(
+                f"{option('rows', '--row')} {row} is out of range (the output has {n:,} rows)"
+            )
     if n == 0:
         wanted = []
     hist, fill, seg_lengths = _histograms(shards, max_len)
@@ -259,7 +261,7 @@ def _balance(shards: _Shards, seg_lengths: np.ndarray, world_size: int, hidden_s
     from packer.planning.balance import compare_balance
 
     if world_size < 1:
-        raise UsageError(f"--world-size must be at least 1, got {world_size}")
+        raise UsageError(f"{option('world_size')} must be at least 1, got {world_size}")
     per_row = np.concatenate([np.diff(b.cu_off) - 1 for b in shards.batches])
     offsets = np.zeros(per_row.size + 1, np.int64)
     offsets[1:] = np.cumsum(per_row)

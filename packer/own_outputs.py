@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.errors import UsageError
+from packer.errors import UsageError, option
 
 MANIFEST = "manifest.json"
 REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
@@ -28,7 +28,9 @@ WORK_MARKS = (TMP_MARK, OLD_MARK)
 # Columns of the output contract that a sample dataset never has together.
 CONTRACT_COLUMNS = frozenset({"cu_seqlens", "position_ids", "sample_index"})
 
-REPACK_HINT = "use --repack to re-pack its samples"
+
+def repack_hint() -> str:
+    return f"use {option('repack=True', '--repack')} to re-pack its samples"
 
 
 class PackedInputError(UsageError):
@@ -79,4 +81,6 @@ def has_contract_schema(path: Path, fmt: str) -> bool:
 
 
 def refuse(where: Path, why: str = "its rows are already packed") -> PackedInputError:
-    return PackedInputError(f"INPUT is a packer output ({why}); {REPACK_HINT}", where=str(where))
+    return PackedInputError(
+        f"{option('inputs', 'INPUT')} is a packer output ({why}); {repack_hint()}", where=str(where)
+    )

@@ -212,10 +212,17 @@ def test_bad_input_is_a_usage_error(strategy):
 def test_bad_options_are_usage_errors():
     with pytest.raises(UsageError, match="unknown strategy"):
         plan([1], 8, "best")
-    with pytest.raises(UsageError, match="--window"):
+    with pytest.raises(UsageError, match="^window must be at least 1"):
         plan([1], 8, window=0)
-    with pytest.raises(UsageError, match="--max-len"):
+    with pytest.raises(UsageError, match="^max_len must be at least 1, got 0$"):
         plan([1], 0)
+    with pytest.raises(UsageError, match="^max_len must be an integer, got '8'$"):
+        plan([1], "8")
+    with pytest.raises(UsageError, match="^seed must be at least 0, got -1$"):
+        plan([1], 8, seed=-1)
+    with pytest.raises(UsageError, match="^lengths must be a 1-d array of integers"):
+        plan([[1], [2, 3]], 8)
+    assert plan([1], np.int64(8)).num_rows == 1
 
 
 @pytest.mark.parametrize(

@@ -260,13 +260,13 @@ def _cases():
             lambda d: [good_then(d / "a.jsonl")],
             ["--max-len", "0"],
             2,
-            ["--max-len must be an integer of at least 1"],
+            ["--max-len must be at least 1, got 0"],
         ),
         "max-len-negative": (
             lambda d: [good_then(d / "a.jsonl")],
             ["--max-len", "-4"],
             2,
-            ["--max-len must be an integer of at least 1"],
+            ["--max-len must be at least 1, got -4"],
         ),
         "bad-on-error": (
             lambda d: [good_then(d / "a.jsonl")],

@@ -88,3 +88,60 @@ def test_manifest_as_config_packs_the_same_bytes(tmp_path):
     res = runner.invoke(app, ["pack", str(SAMPLE), "-o", str(other), *config, "--pad-id", "6"])
     assert res.exit_code == 0, res.output
     assert json.loads((other / "manifest.json").read_text())["config"]["pad_id"] == 6
+
+
+def test_library_errors_name_the_parameter_and_the_cli_the_flag(tmp_path):
+    """One check, two spellings: `max_len` for a Python caller, `--max-len` on the command line."""
+    import packer
+    from packer.errors import PackerError
+    from packer.verify import verify
+
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["pack", str(SAMPLE), "-o", str(out), "-L", "4096"]).exit_code == 0
+    src = tmp_path / "x.jsonl"
+    src.write_text('{"input_ids": [1, 2, 3]}\n')
+    library = [
+        (lambda: packer.plan([1, 2], 0), "max_len must be at least 1, got 0"),
+        (
+            lambda: packer.pack([src], tmp_path / "o", packer.PackConfig(max_len=2)),
+            "longer than max_len 2",
+        ),
+        (
+            lambda: packer.pack([src], tmp_path / "o", packer.PackConfig(max_len=8, seed=-1)),
+            "seed must be at least 0, got -1",
+        ),
+        (
+            lambda: packer.pack(
+                [out, out], tmp_path / "o", packer.PackConfig(max_len=8), repack=True
+            ),
+            "repack=True takes one packer output, got 2",
+        ),
+        (lambda: packer.pack([out], tmp_path / "o", packer.PackConfig(max_len=8)), "inputs is"),
+        (lambda: verify(out, rows=0), "rows must be a positive integer or 'all', got 0"),
+        (lambda: verify(out, seed=-1), "seed must be at least 0, got -1"),
+        (
+            lambda: verify(out, attention=False, model_check=True),
+            "attention=False runs the structural checks alone; drop it to use model_check",
+        ),
+        (lambda: verify(out, backend="fast"), "unknown backend 'fast'"),
+    ]
+    for call, words in library:
+        with pytest.raises(PackerError) as info:
+            call()
+        assert words in str(info.value), str(info.value)
+        assert "--" not in str(info.value), str(info.value)
+    cli = [
+        (["plan", str(SAMPLE), "-L", "0"], "--max-len must be at least 1, got 0"),
+        (["pack", str(src), "-o", str(tmp_path / "o"), "-L", "2"], "longer than --max-len 2"),
+        (["pack", str(out), "-o", str(tmp_path / "o"), "-L", "8"], "INPUT is a packer output"),
+        (["verify", str(out), "--rows", "0"], "--rows must be a positive integer or 'all'"),
+        (["verify", str(out), "--seed", "-1"], "--seed must be at least 0, got -1"),
+        (
+            ["verify", str(out), "--no-attention", "--model-check"],
+            "--no-attention runs the structural checks alone; drop it to use --model-check",
+        ),
+    ]
+    for args, words in cli:
+        res = runner.invoke(app, args)
+        assert res.exit_code == (1 if "longer" in words else 2), (args, res.output)
+        assert words in res.output, (args, res.output)

@@ -682,7 +682,7 @@ def test_python_defaults_and_reasons(packed):
         return {k: v for k, v in r.checks["attention"].details.items() if "seconds" not in k}
 
     assert timeless(result) == timeless(verify(packed[0], rows=1, seed=0))
-    with pytest.raises(UsageError, match=r"^--seed must be non-negative, got -1$"):
+    with pytest.raises(UsageError, match=r"^seed must be at least 0, got -1$"):
         verify(packed[0], seed=-1)
 
 

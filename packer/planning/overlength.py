@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.errors import InputError, UsageError
+from packer.errors import InputError, UsageError, option
 from packer.read.samples import Samples
 
 POLICIES = ("error", "drop", "truncate", "split")
@@ -36,7 +36,9 @@ class Segments:
 
 def resolve(samples: Samples, max_len: int, policy: str) -> Segments:
     if policy not in POLICIES:
-        raise UsageError(f"unknown --overlength '{policy}' (choose from {', '.join(POLICIES)})")
+        raise UsageError(
+            f"unknown {option('overlength')} '{policy}' (choose from {', '.join(POLICIES)})"
+        )
     lengths = samples.lengths
     starts = samples.offsets[:-1]
     index = np.arange(lengths.size, dtype=np.int64)
@@ -49,9 +51,9 @@ def resolve(samples: Samples, max_len: int, policy: str) -> Segments:
     if policy == "error":
         first = int(np.flatnonzero(over)[0])
         raise InputError(
-            f"{n_over} sample(s) are longer than --max-len {max_len} (longest "
+            f"{n_over} sample(s) are longer than {option('max_len')} {max_len} (longest "
             f"{int(lengths.max())} tokens, first at {samples.locate(first)}); choose what to do "
-            "with them with --overlength drop|truncate|split"
+            f"with them with {option('overlength')} drop|truncate|split"
         )
     if policy == "drop":
         keep = ~over

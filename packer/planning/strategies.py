@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packer import arguments as A
 from packer.errors import UsageError
 from packer.planning import kernels as algorithms
 
@@ -84,7 +85,10 @@ def best_bound(lengths, max_len: int) -> int:
 
 
 def _as_int_array(lengths) -> np.ndarray:
-    lengths = np.asarray(lengths)
+    try:
+        lengths = np.asarray(lengths)
+    except (ValueError, TypeError) as exc:  # ragged nesting, objects numpy cannot hold
+        raise UsageError(f"lengths must be a 1-d array of integers ({exc})") from None
     if lengths.ndim != 1:
         raise UsageError(f"lengths must be a 1-d array, got shape {lengths.shape}")
     if lengths.size and lengths.dtype.kind not in "iu":
@@ -169,18 +173,15 @@ def plan(
     `window`, each run of `window` consecutive samples is packed on its own (bounded memory,
     parallel), at some cost in rows. The result depends only on the arguments.
     """
-    if max_len < 1:
-        raise UsageError(f"--max-len must be at least 1, got {max_len}")
-    if strategy not in STRATEGIES:
-        raise UsageError(f"unknown strategy '{strategy}' (choose from {', '.join(STRATEGIES)})")
-    if window is not None and window < 1:
-        raise UsageError(f"--window must be at least 1, got {window}")
+    max_len = A.integer(max_len, "max_len", minimum=1)
+    A.choice(strategy, "strategy", STRATEGIES)
+    seed = A.integer(seed, "seed", minimum=0)
+    window = A.integer(window, "window", minimum=1, none=True)
     lengths = _as_int_array(lengths)
-    max_len = int(max_len)
     if lengths.size == 0:
         return Plan(order=np.zeros(0, np.int64), row_starts=np.zeros(1, np.int64))
     if window is None or window >= lengths.size:
         order, row_starts = _plan_arrays(lengths, max_len, strategy, seed)
     else:
-        order, row_starts = _plan_windows(lengths, max_len, strategy, seed, int(window))
+        order, row_starts = _plan_windows(lengths, max_len, strategy, seed, window)
     return Plan(order=order, row_starts=row_starts)

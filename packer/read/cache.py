@@ -12,6 +12,7 @@ arrays as the in-memory one, so the shards come out byte for byte the same.
 
 from __future__ import annotations
 
+import numbers
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from packer.errors import InputError, UsageError
+from packer.errors import option as name_of
 from packer.own_outputs import TMP_MARK
 from packer.read.assemble import assemble_offsets, check_schema, new_source
 from packer.read.files import detect_format, expand_inputs
@@ -52,14 +54,17 @@ _UNITS = {
 BATCH_BYTES = 32 << 20  # decoded bytes per streamed batch (at most; a Parquet row group bounds it)
 
 
-def parse_size(text: str | int, option: str = "--memory-budget", minimum: int = 1 << 20) -> int:
-    """Bytes in "2GiB", "512MB", "1.5g" or a plain integer (`option` names it in errors)."""
-    if isinstance(text, int):
-        return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise UsageError(f"{option} must be a size such as 2GiB or 512MB, got {text!r}")
-    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+def parse_size(text: str | int, option: str | None = None, minimum: int = 1 << 20) -> int:
+    """Bytes in "2GiB", "512MB", "1.5g" or a plain integer (`option` names it in errors;
+    by default `memory_budget`, as the caller calls it)."""
+    option = option or name_of("memory_budget")
+    if isinstance(text, numbers.Integral) and not isinstance(text, bool):
+        value = int(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not isinstance(text, str) or not m or m.group(2).lower() not in _UNITS:
+            raise UsageError(f"{option} must be a size such as 2GiB or 512MB, got {text!r}")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
     if value < minimum:
         least = f"{minimum >> 20}MiB" if minimum % (1 << 20) == 0 else f"{minimum} bytes"
         raise UsageError(f"{option} {text} is too small (at least {least})")

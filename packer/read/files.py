@@ -14,12 +14,12 @@ from pathlib import Path
 
 from packer.errors import InputError
 from packer.own_outputs import (
-    REPACK_HINT,
     PackedInputError,
     has_contract_schema,
     is_packer_output,
     is_work_dir,
     refuse,
+    repack_hint,
 )
 
 _SUFFIXES = {
@@ -88,7 +88,7 @@ def expand_inputs(
             found = [p for p in matches if not excluded.holds(p, skipped)]
             if matches and not found:
                 raise PackedInputError(
-                    f"every match is inside a packer output ({REPACK_HINT})", where=text
+                    f"every match is inside a packer output ({repack_hint()})", where=text
                 )
             if not found:
                 raise InputError("no file matches this pattern", where=text)

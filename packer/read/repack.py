@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from packer import hashing
-from packer.errors import InputError
+from packer.errors import InputError, option
 from packer.own_outputs import (
     MANIFEST,
     SPLIT_LABELS,
@@ -56,14 +56,16 @@ def check_repack_inputs(inputs: list[str | Path]) -> Path:
     for path in paths:
         if not path.is_dir() or not is_packer_output(path):
             raise PackedInputError(
-                "--repack reads packer outputs only, and this is not one (original files "
+                f"{option('repack=True', '--repack')} reads packer outputs only, and this is "
+                "not one (original files "
                 "and a packed output would number their samples twice: pack the originals "
                 "on their own, or re-pack the output on its own)",
                 where=str(path),
             )
     if len(paths) != 1:
         raise PackedInputError(
-            f"--repack takes one packer output, got {len(paths)} (each numbers its samples "
+            f"{option('repack=True', '--repack')} takes one packer output, got {len(paths)} "
+            "(each numbers its samples "
             "from 0 against its own original inputs)"
         )
     return paths[0]
@@ -197,11 +199,12 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     return samples, origin
 
 
-VERIFY_HINT = "run `packer verify` on it; --repack reads only an output that passes"
-
-
 def _refuse(path: Path, what: str) -> PackedInputError:
-    return PackedInputError(f"{what}: {VERIFY_HINT}", where=str(path))
+    return PackedInputError(
+        f"{what}: run `packer verify` on it; {option('repack=True', '--repack')} reads only "
+        "an output that passes",
+        where=str(path),
+    )
 
 
 def _check_shard_file(path: Path, entry: dict) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.errors import UsageError
+from packer import arguments as A
+from packer.errors import UsageError, option
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
 from packer.verify.shards import OutputVersion
 
@@ -36,23 +37,26 @@ def parse_rows(value: str | int | None) -> int | None:
         try:
             count = int(str(value))
         except ValueError:
-            raise UsageError(f"--rows must be a positive integer or 'all', got {value!r}") from None
+            raise UsageError(
+                f"{option('rows')} must be a positive integer or 'all', got {value!r}"
+            ) from None
     if count < 1:
-        raise UsageError(f"--rows must be a positive integer or 'all', got {value!r}")
+        raise UsageError(f"{option('rows')} must be a positive integer or 'all', got {value!r}")
     return count
 
 
-TORCH_MISSING = (
-    "the attention check needs torch: pip install 'packer-llm[verify]', or pass --no-attention "
-    "for the structural checks alone"
-)
+def torch_missing() -> str:
+    return (
+        "the attention check needs torch: pip install 'packer-llm[verify]', or pass "
+        f"{option('attention=False', '--no-attention')} for the structural checks alone"
+    )
 
 
 def _require_torch() -> None:
     try:
         import torch  # noqa: F401
     except ImportError:
-        raise UsageError(TORCH_MISSING) from None
+        raise UsageError(torch_missing()) from None
 
 
 def _not_run(name: str, reason: str) -> CheckResult:
@@ -101,8 +105,7 @@ def verify(
     try:
         manifest = version.manifest
         count = parse_rows(rows)
-        if seed < 0:
-            raise UsageError(f"--seed must be non-negative, got {seed}")
+        seed = A.integer(seed, "seed", minimum=0)
         chosen = None
         if attention:
             _require_torch()
@@ -110,9 +113,14 @@ def verify(
 
             chosen = resolve(backend, dtype)  # usage errors before any work
         elif model_check or model_dir is not None:
+            asked = (
+                option("model_check", "--model-check")
+                if model_check
+                else option("model_dir", "--model")
+            )
             raise UsageError(
-                "--no-attention runs the structural checks alone; drop it to use "
-                + ("--model-check" if model_check else "--model")
+                f"{option('attention=False', '--no-attention')} runs the structural checks "
+                f"alone; drop it to use {asked}"
             )
 
         inputs = list(inputs or [])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from packer.errors import UsageError
+from packer.errors import UsageError, option
 from packer.verify.result import CheckResult, Failure
 
 BACKENDS = ("flash-attn", "torch-varlen", "flex", "cpu")
@@ -239,11 +239,11 @@ def select_backend(requested: str, probes: dict[str, str | None]) -> str:
         return "cpu"
     if requested not in BACKENDS:
         raise UsageError(
-            f"unknown --backend '{requested}' (choose from auto, {', '.join(BACKENDS)})"
+            f"unknown {option('backend')} '{requested}' (choose from auto, {', '.join(BACKENDS)})"
         )
     reason = probes.get(requested)
     if reason is not None:
-        raise UsageError(f"--backend {requested} cannot run here: {reason}")
+        raise UsageError(f"{option('backend')} {requested} cannot run here: {reason}")
     return requested
 
 
@@ -286,14 +286,15 @@ def build_backend(name: str, cuda: bool) -> Backend:
 def resolve(requested: str, dtype: str | None) -> tuple[Backend, str]:
     """The backend and dtype to run, or a UsageError saying why the request cannot run."""
     if dtype is not None and dtype not in DTYPES:
-        raise UsageError(f"unknown --dtype '{dtype}' (choose from {', '.join(DTYPES)})")
+        raise UsageError(f"unknown {option('dtype')} '{dtype}' (choose from {', '.join(DTYPES)})")
     probes = probe_backends()
     name = select_backend(requested, probes)
     backend = build_backend(name, probes["_cuda"] is None)
     dtype = dtype or default_dtype(name, backend.device)
     if dtype not in backend.dtypes:
         raise UsageError(
-            f"--backend {name} supports --dtype {'/'.join(backend.dtypes)}, not {dtype}"
+            f"{option('backend')} {name} supports {option('dtype')} "
+            f"{'/'.join(backend.dtypes)}, not {dtype}"
         )
     return backend, dtype
 

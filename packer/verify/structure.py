@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from packer import hashing
+from packer.errors import option
 from packer.read.samples import Samples
 from packer.verify import kernels as K
 from packer.verify.result import MAX_LISTED, CheckResult, Failure
@@ -473,7 +474,8 @@ def check_fingerprints(source: Samples, manifest: dict, result: CheckResult) -> 
     if len(given) != len(recorded):
         result.fail(
             Failure(
-                f"--input names {len(given)} file(s) but the manifest's inputs are "
+                f"{option('inputs', '--input')} names {len(given)} file(s) but the manifest's "
+                f"inputs are "
                 f"{len(recorded)}: " + ", ".join(str(e.get("path")) for e in recorded)
             )
         )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.errors import UsageError
+from packer.errors import UsageError, option
 from packer.verify.attention import RowInput, _failure, _label
 from packer.verify.result import CheckResult, Failure
 
@@ -38,10 +38,15 @@ def load_model(model_dir: str | Path, seed: int, dtype: str | None):
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
-        raise UsageError("--model needs transformers: pip install transformers") from None
+        raise UsageError(
+            f"{option('model_dir', '--model')} needs transformers: pip install transformers"
+        ) from None
     path = Path(model_dir)
     if not (path / "config.json").is_file():
-        raise UsageError("--model needs a local directory with a config.json", where=str(path))
+        raise UsageError(
+            f"{option('model_dir', '--model')} needs a local directory with a config.json",
+            where=str(path),
+        )
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # one report, on stdout or stderr, and nothing else

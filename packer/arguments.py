@@ -1,0 +1,63 @@
+"""Checks of the values a caller passes, each failing in one line that names the option.
+
+The same checks serve `packer.pack`, `packer.plan`, `pack_dataset`, `verify` and the CLI:
+`option` names the parameter (`max_len`) for a Python caller and the flag (`--max-len`) under
+the CLI. numpy integers are integers; a bool is not an integer, and a float is not one even
+when it is whole (8.0 is more likely a mistake than a length).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable
+
+from packer.errors import UsageError, option
+
+
+def integer(
+    value,
+    name: str,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+    none: bool = False,
+    flag: str | None = None,
+) -> int | None:
+    """`value` as a plain int within the bounds (None passes when `none`)."""
+    if value is None and none:
+        return None
+    shown = option(name, flag)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise UsageError(f"{shown} must be an integer, got {value!r}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise UsageError(f"{shown} must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{shown} must be at most {maximum}, got {value}")
+    return value
+
+
+def boolean(value, name: str, flag: str | None = None) -> bool:
+    """True or False (numpy's bools too): "yes" or 1 is refused rather than read as true."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise UsageError(f"{option(name, flag)} must be True or False, got {value!r}")
+
+
+def text(value, name: str, *, none: bool = False, flag: str | None = None) -> str | None:
+    """A non-empty string (None passes when `none`)."""
+    if value is None and none:
+        return None
+    if not isinstance(value, str) or not value:
+        raise UsageError(f"{option(name, flag)} must be a non-empty string, got {value!r}")
+    return value
+
+
+def choice(value, name: str, choices: Iterable[str], flag: str | None = None) -> str:
+    """One of `choices`."""
+    choices = tuple(choices)
+    if not isinstance(value, str) or value not in choices:
+        raise UsageError(
+            f"unknown {option(name, flag)} {value!r} (choose from {', '.join(choices)})"
+        )
+    return value
