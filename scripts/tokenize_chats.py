@@ -58,11 +58,9 @@ def chat_sample(tokenizer, messages: list, method: str) -> tuple[list[int], list
         ids, mask = list(encoded["input_ids"]), list(encoded["assistant_masks"])
     else:
         ids, mask = prefix_mask(tokenizer, messages)
-    if not any(mask):
-        raise Failure(
-            "the chat template marks no assistant token: with --assistant-mask generation, "
-            "its {% generation %} block must enclose each reply"
-        )
+    if not any(mask):  # the chat has an assistant message: a template that loses it is wrong
+        where = "its {% generation %} blocks" if method == "generation" else "it"
+        raise Failure(f"the chat template renders no assistant token: {where} must hold each reply")
     return ids, [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
 
 

@@ -214,6 +214,19 @@ def test_chat_template_file_replaces_the_tokenizers(toks, tokenize, tmp_path):
     )
     assert (code, err) == (1, f"error: {chats}:1: TemplateError: roles must alternate\n")
     assert out.read_bytes() == ref.read_bytes()  # the old output stays
+    # markers around nothing would train nothing: refused, not written as all -100
+    template.write_text(
+        MARKED.replace(
+            "{{ message['content'] + '<|im_end|>' }}{% endgeneration", "{% endgeneration"
+        )
+    )
+    code, err = tokenize(
+        chats, "--tokenizer", toks["bare"], "--chat-template", template, "-o", tmp_path / "x.jsonl"
+    )
+    assert (code, err) == (
+        1,
+        f"error: {chats}:1: the chat template renders no assistant token: its {{% generation %}} blocks must hold each reply\n",
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -344,7 +357,7 @@ def doc_commands() -> list[str]:
     ]
 
 
-def test_doc_commands_run_as_written(toks, tmp_path):
+def test_doc_commands_run_as_written(toks, cli, tmp_path):
     """The page's commands, in order, on its example input and the page's ChatML template, with
     ./tokenizer holding the template without markers (the prefix method): each exits 0, the
     marked template gives the same samples, and inspect shows the masks the page shows."""
@@ -380,12 +393,13 @@ def test_doc_commands_run_as_written(toks, tmp_path):
     assert pq.read_table(tmp_path / "train.parquet").to_pylist() == read_jsonl(
         tmp_path / "train.jsonl"
     )
-    args = ["inspect", "packed", "--row", "0", "--tokenizer", "tokenizer", "--json"]
-    report = json.loads(
-        subprocess.run(
-            ["packer", *args], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
-        ).stdout
+    inspect = cli(
+        "inspect", tmp_path / "packed", "--row", 0, "--tokenizer", tmp_path / "tokenizer", "--json"
     )
-    chat = next(s for s in report["row_views"][0]["segments"] if s.get("sample_index") == 0)
+    chat = next(
+        s
+        for s in json.loads(inspect.stdout)["row_views"][0]["segments"]
+        if s.get("sample_index") == 0
+    )
     shown = "".join(f"«{r['text']}»" if r["masked"] else r["text"] for r in chat["text"])
     assert shown + "\n" == next(b for b in doc_blocks("text") if b.startswith("«"))
