@@ -325,8 +325,15 @@ def tokenize_files(inputs: list[Path], sink: Sink, tokenizer, method: str) -> di
     return counts
 
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, as every other error, instead of the usage and the message."""
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description="Tokenize chat or text JSONL into packer's input (input_ids, labels).",
         epilog="Guide: docs/tokenize.md",
     )
@@ -337,7 +344,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "-o", "--output", type=Path, required=True, help="output: .jsonl, .jsonl.gz or .parquet"
     )
     parser.add_argument(
-        "--tokenizer", required=True, help="hub name or local directory of a Hugging Face tokenizer"
+        "--tokenizer",
+        required=True,
+        metavar="NAME_OR_DIR",
+        help="hub name or local directory of a Hugging Face tokenizer",
     )
     parser.add_argument(
         "--chat-template",

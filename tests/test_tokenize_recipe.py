@@ -403,3 +403,16 @@ def test_doc_commands_run_as_written(toks, cli, tmp_path):
     )
     shown = "".join(f"«{r['text']}»" if r["masked"] else r["text"] for r in chat["text"])
     assert shown + "\n" == next(b for b in doc_blocks("text") if b.startswith("«"))
+
+
+def test_usage_errors_and_missing_inputs_are_one_line(toks, tokenize, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        tokenize(tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err == "error: the following arguments are required: --tokenizer\n"
+    code, err = tokenize(
+        tmp_path / "in.jsonl", "--tokenizer", toks["marked"], "-o", tmp_path / "out.jsonl"
+    )
+    assert code == 1 and err.startswith(f"error: {tmp_path / 'in.jsonl'}: cannot read: ")
+    assert err.count("\n") == 1 and not any(tmp_path.iterdir())
