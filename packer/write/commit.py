@@ -297,6 +297,61 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
+_interrupted = threading.Event()
+
+
+def _interrupt_once(signum, frame):
+    """The first SIGINT or SIGTERM raises; later ones are ignored: the run is already stopping,
+    and a second KeyboardInterrupt inside its clean-up (a thread pool's join, `rmtree`) would
+    leave writer threads running while the interpreter exits (`Fatal Python error`)."""
+    if _interrupted.is_set():
+        return
+    _interrupted.set()
+    for other in _SIGNALS:  # ignored by the kernel: still so while the interpreter finalizes
+        if signal.getsignal(other) is _interrupt_once:
+            signal.signal(other, signal.SIG_IGN)
+    if signum == getattr(signal, "SIGTERM", None):
+        _sigterm_seen.set()
+        raise Terminated()
+    raise KeyboardInterrupt()
+
+
+def _once_handlers() -> dict:
+    """Install `_interrupt_once` where Ctrl-C (or SIGTERM as `Terminated`) would raise; the
+    handlers it replaced. A caller's own handler (or SIG_IGN) is left alone."""
+    previous = {}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_once)
+    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) is _raise_terminated:
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt_once)
+    return previous
+
+
+@contextmanager
+def interrupt_once() -> Iterator[None]:
+    """While active, only the first SIGINT or SIGTERM interrupts; those that follow it are
+    ignored until the clean-up it started is done and the exception has left this block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _interrupt_once not in map(signal.getsignal, _SIGNALS):
+        _interrupted.clear()  # an earlier call's interrupt is over
+    previous = _once_handlers()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def interrupt_once_until_exit() -> None:
+    """For a command line: from now on only the first SIGINT or SIGTERM interrupts, so that a
+    second Ctrl-C cannot break the clean-up, the error line or the interpreter's exit."""
+    if threading.current_thread() is threading.main_thread():
+        _interrupted.clear()
+        _once_handlers()
+
+
 def os_reason(exc: OSError) -> str:
     text = exc.strerror or str(exc)
     return f"{text} [{exc.filename}]" if exc.filename else text
@@ -314,7 +369,15 @@ def start(output: Path) -> Path:
 
 @contextmanager
 def building(tmp: Path, output: Path) -> Iterator[None]:
-    """Whatever fails while the output is built removes it; an OSError becomes one line."""
+    """Whatever fails while the output is built removes it; an OSError becomes one line.
+
+    Only the first Ctrl-C interrupts (`interrupt_once`): a second one lands in the clean-up."""
+    with interrupt_once(), _removed_on_failure(tmp, output):
+        yield
+
+
+@contextmanager
+def _removed_on_failure(tmp: Path, output: Path) -> Iterator[None]:
     try:
         yield
     except OSError as exc:

@@ -30,7 +30,7 @@ from packer.config import PackConfig
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan
 from packer.read.samples import Samples, as_chunks
-from packer.write.commit import KEEP_BYTES, fsync_file
+from packer.write.commit import KEEP_BYTES, fsync_file, interrupt_once
 from packer.write.gather import Buffers, gather_rows, shard_sizes
 from packer.write.shard_file import SCHEMA, ShardWriter, shard_batch
 
@@ -269,7 +269,10 @@ def write_shards(
         if progress:
             progress("write", done_rows[0], pl.num_rows)
 
+    # a second Ctrl-C is ignored: raised inside the clean-up's joins below, it would leave the
+    # writer threads running while the interpreter exits (a `Fatal Python error`)
     with (
+        interrupt_once(),
         ThreadPoolExecutor(max_workers=1) as pool,
         ThreadPoolExecutor(max_workers=1) as syncer,
         ThreadPoolExecutor(max_workers=max(1, gatherers - 1)) as helpers,

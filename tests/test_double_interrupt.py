@@ -1,0 +1,96 @@
+"""Two Ctrl-C's in quick succession while `packer pack --overwrite` writes its shards.
+
+The second SIGINT used to land inside the clean-up the first one started (a thread pool's join,
+the removal of the temporary directory, the error line, the interpreter's exit): writer threads
+were left running while the interpreter finalized (`Fatal Python error: PyGILState_Release`,
+exit 134), or a traceback was printed. Whatever the delay between the two, the run must exit
+130 with the one error line, leave no temporary directory and the previous output untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals"),
+    pytest.mark.xdist_group("double_interrupt"),  # one worker: the runs share one input
+]
+
+ERROR_LINE = "error: interrupted; no partial output was left"
+# ms between the two SIGINTs: within the first one's clean-up, up to the interpreter's exit
+DELAYS_MS = [0, 2, 5, 8, 12, 20, 30, 2, 5, 8]
+
+
+def _default_sigint() -> None:
+    # a shell starts background jobs with SIGINT ignored, and Python keeps it ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def pack(inputs: Path, out: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "packer", "pack", str(inputs), "-o", str(out), "--overwrite"]
+        + ["--max-len", "4096", "--shard-rows", "25", "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
+
+
+def snapshot(path: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir())}
+
+
+def temp_dirs(parent: Path) -> list[Path]:
+    return sorted(p for p in parent.iterdir() if ".packer-tmp-" in p.name)
+
+
+@pytest.fixture(scope="module")
+def previous(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
+    """(input, output of a complete earlier run, its files' digests). ~25M tokens: shard
+    writing lasts a second or more, long after the first shard file appears."""
+    root = tmp_path_factory.mktemp("double_interrupt")
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(20, 600, 80_000)
+    offsets = np.zeros(lengths.size + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
+    inputs = root / "in.parquet"
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(offsets, ids)}), inputs)
+    out = root / "out"
+    proc = pack(inputs, out)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    return inputs, out, snapshot(out)
+
+
+@pytest.mark.parametrize("delay_ms", DELAYS_MS)
+def test_two_sigints_exit_130_cleanly(previous, delay_ms):
+    inputs, out, digests = previous
+    proc = pack(inputs, out)
+    deadline = time.monotonic() + 60
+    while not any(any(t.glob("shard-*.arrow")) for t in temp_dirs(out.parent)):
+        assert proc.poll() is None, f"the run ended before writing shards: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "no shard written within 60 s"
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(delay_ms / 1000)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+
+    assert "Fatal Python error" not in stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert proc.returncode == 130, stderr
+    assert stderr.rstrip("\n").splitlines()[-1:] == [ERROR_LINE], stderr
+    assert temp_dirs(out.parent) == []
+    assert snapshot(out) == digests
