@@ -186,45 +186,50 @@ def pack(
         columns = [cfg.input_column] + ([labels_column] if labels_column else [])
         out_of_core = needs_out_of_core(inputs, columns, budget)
     cache_dir = None
-    warming = start_warming(cfg.strategy)  # this run's kernels compile while reading (packer.jit)
-    try:
-        with metering(on_bytes):
-            if out_of_core:
-                try:
-                    cache_dir = make_cache_dir(out)
-                except OSError as exc:
-                    raise OutputError(
-                        f"cannot create a cache directory: {output.os_reason(exc)}",
-                        where=str(out.parent),
-                    ) from None
-                samples = stream_samples(
-                    inputs,
-                    cache_dir,
-                    cfg.input_column,
-                    labels_column,
-                    progress=on_file,
-                    on_error=cfg.on_error,
-                    batch_bytes=batch_bytes_for(budget),
-                )
-            else:
-                samples = read_samples(
-                    inputs,
-                    cfg.input_column,
-                    labels_column,
-                    progress=on_file,
-                    on_error=cfg.on_error,
-                    chunked=True,
-                )
-        timings["read"] = time.perf_counter() - t0
-        result = _pack_samples(
-            samples, out, cfg, overwrite, progress, workers, timings, t0, out_of_core
-        )
-        result.skipped_inputs = [str(p) for p in skipped]
-        return result
-    finally:
-        warming.stop()
-        if cache_dir is not None:
-            remove_cache_dir(cache_dir)
+    # a second Ctrl-C, once the first is being acted on, is ignored: raised in a join of the
+    # clean-up, it would leave threads (the warm-up's compiler, the readers) running at exit
+    with output.interrupt_once():
+        warming = start_warming(
+            cfg.strategy
+        )  # this run's kernels compile while reading (packer.jit)
+        try:
+            with metering(on_bytes):
+                if out_of_core:
+                    try:
+                        cache_dir = make_cache_dir(out)
+                    except OSError as exc:
+                        raise OutputError(
+                            f"cannot create a cache directory: {output.os_reason(exc)}",
+                            where=str(out.parent),
+                        ) from None
+                    samples = stream_samples(
+                        inputs,
+                        cache_dir,
+                        cfg.input_column,
+                        labels_column,
+                        progress=on_file,
+                        on_error=cfg.on_error,
+                        batch_bytes=batch_bytes_for(budget),
+                    )
+                else:
+                    samples = read_samples(
+                        inputs,
+                        cfg.input_column,
+                        labels_column,
+                        progress=on_file,
+                        on_error=cfg.on_error,
+                        chunked=True,
+                    )
+            timings["read"] = time.perf_counter() - t0
+            result = _pack_samples(
+                samples, out, cfg, overwrite, progress, workers, timings, t0, out_of_core
+            )
+            result.skipped_inputs = [str(p) for p in skipped]
+            return result
+        finally:
+            warming.stop()
+            if cache_dir is not None:
+                remove_cache_dir(cache_dir)
 
 
 def _read_progress(inputs: list[Path], progress: Progress | None):

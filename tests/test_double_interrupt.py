@@ -94,3 +94,21 @@ def test_two_sigints_exit_130_cleanly(previous, delay_ms):
     assert stderr.rstrip("\n").splitlines()[-1:] == [ERROR_LINE], stderr
     assert temp_dirs(out.parent) == []
     assert snapshot(out) == digests
+
+
+def test_only_the_first_interrupt_raises_and_ctrl_c_works_again_after():
+    """A library caller (a notebook) gets its Ctrl-C back once the interrupted build is over."""
+    from packer.write.commit import interrupt_once
+
+    raised = 0
+    with interrupt_once():
+        for _ in range(3):
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:
+                raised += 1
+    assert raised == 1
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt), interrupt_once():  # a new build: its first Ctrl-C
+        signal.raise_signal(signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
