@@ -294,6 +294,11 @@ def sigterm_as_interrupt() -> Iterator[None]:
     try:
         yield
     finally:
+        if _interrupted.is_set() and signal.getsignal(signal.SIGINT) in (
+            signal.SIG_IGN,
+            _interrupt_once,
+        ):
+            previous = signal.SIG_IGN  # stopping until exit (`interrupt_once_until_exit`)
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
@@ -306,10 +311,11 @@ def _interrupt_once(signum, frame):
     leave writer threads running while the interpreter exits (`Fatal Python error`)."""
     if _interrupted.is_set():
         return
+    # this signal is now ignored by the kernel, still so while the interpreter finalizes (where
+    # Python's own handlers are gone); another one, already caught and pending, would be
+    # reported as "ignored due to race condition" if its handler went too, so that one stays
+    signal.signal(signum, signal.SIG_IGN)
     _interrupted.set()
-    for other in _SIGNALS:  # ignored by the kernel: still so while the interpreter finalizes
-        if signal.getsignal(other) is _interrupt_once:
-            signal.signal(other, signal.SIG_IGN)
     if signum == getattr(signal, "SIGTERM", None):
         _sigterm_seen.set()
         raise Terminated()
@@ -350,6 +356,14 @@ def interrupt_once_until_exit() -> None:
     if threading.current_thread() is threading.main_thread():
         _interrupted.clear()
         _once_handlers()
+
+
+def ignore_interrupts() -> None:
+    """For a command line about to exit after an interrupt: SIGINT and SIGTERM are ignored by
+    the kernel from now on, also while the interpreter finalizes."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in _SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def os_reason(exc: OSError) -> str:
