@@ -311,10 +311,8 @@ def _interrupt_once(signum, frame):
     leave writer threads running while the interpreter exits (`Fatal Python error`)."""
     if _interrupted.is_set():
         return
-    # this signal is now ignored by the kernel, still so while the interpreter finalizes (where
-    # Python's own handlers are gone); another one, already caught and pending, would be
-    # reported as "ignored due to race condition" if its handler went too, so that one stays
-    signal.signal(signum, signal.SIG_IGN)
+    # not SIG_IGN here: a second signal caught meanwhile, still pending, would be reported as
+    # "ignored due to race condition"; the CLI ignores them once it exits (`ignore_interrupts`)
     _interrupted.set()
     if signum == getattr(signal, "SIGTERM", None):
         _sigterm_seen.set()
@@ -360,7 +358,8 @@ def interrupt_once_until_exit() -> None:
 
 def ignore_interrupts() -> None:
     """For a command line about to exit after an interrupt: SIGINT and SIGTERM are ignored by
-    the kernel from now on, also while the interpreter finalizes."""
+    the kernel from now on, also while the interpreter finalizes (where Python's own handlers
+    are gone and the default action would kill the process)."""
     if threading.current_thread() is threading.main_thread():
         for signum in _SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
