@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from packer.verify.report import verify_table
+from packer.cli.render_verify import verify_table
 from packer.verify.result import CheckResult, Failure, VerifyResult
 
 DETAILS = {

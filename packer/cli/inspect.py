@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from packer.cli import DEBUG, JSON, app, user_errors
+from packer.cli.app import DEBUG, JSON, app, user_errors
 
 
 @app.command("inspect")
@@ -51,9 +51,9 @@ def inspect_command(
     debug: bool = DEBUG,
 ) -> None:
     """Summary, row fill and segments-per-row histograms, and rows drawn segment by segment."""
-    from packer.inspect_report import draw
+    from packer.cli.render import stderr
+    from packer.cli.render_inspect import draw
     from packer.inspection import inspect, load_tokenizer
-    from packer.report import stderr
 
     with user_errors(debug):
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from packer.cli import DEBUG, JSON, app, choices, user_errors
+from packer.cli.app import DEBUG, JSON, app, choices, user_errors
 from packer.planning.overlength import POLICIES
 from packer.planning.strategies import STRATEGIES
 
@@ -65,17 +65,13 @@ def plan_command(
     data-parallel efficiency of batches balanced by tokens and by attention)."""
     from rich.markup import escape
 
+    from packer.cli.render import stderr
+    from packer.cli.render_plan import balance_warning, histogram_lines, strategy_table
     from packer.errors import UsageError
+    from packer.planning.compare import compare_strategies
     from packer.planning.overlength import resolve
-    from packer.planning.report import (
-        balance_warning,
-        compare_strategies,
-        histogram_lines,
-        strategy_table,
-    )
     from packer.planning.strategies import STRATEGIES
     from packer.read.assemble import read_samples
-    from packer.report import stderr
 
     with user_errors(debug):
         if max_len < 1:

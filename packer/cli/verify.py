@@ -1,4 +1,4 @@
-"""`packer verify`: registered on the main typer app (imported at the end of packer/cli.py)."""
+"""`packer verify`: registered on the main typer app (imported by packer/cli/__init__.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from packer.cli import DEBUG, JSON, OFF, app, choices, user_errors
+from packer.cli.app import DEBUG, JSON, OFF, app, choices, user_errors
 from packer.errors import EXIT_FAILURE
 from packer.verify.attention import BACKENDS, DTYPES
 
@@ -24,7 +24,7 @@ def progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None] | N
 
     A stage without a total (the structure checks) is a spinner; the others count rows.
     """
-    from packer.report import stderr
+    from packer.cli.render import stderr
 
     if not (enabled and stderr.is_terminal):
         yield None
@@ -129,9 +129,9 @@ def verify(
     how many (on a busy machine 1 is often fastest)."""
     from rich.markup import escape
 
-    from packer.report import stderr
+    from packer.cli.render import stderr
+    from packer.cli.render_verify import verify_table
     from packer.verify import verify as run_verify
-    from packer.verify.report import verify_table
 
     with user_errors(debug), progress_bars(not json_out) as progress:
         result = run_verify(

@@ -1,4 +1,4 @@
-"""`packer warmup`: registered on the main typer app (imported at the end of packer/cli.py)."""
+"""`packer warmup`: registered on the main typer app (imported by packer/cli/__init__.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from packer.cli import DEBUG, JSON, app, user_errors
+from packer.cli.app import DEBUG, JSON, app, user_errors
 
 
 @app.command("warmup")
@@ -16,8 +16,8 @@ def warmup_command(json_out: bool = JSON, debug: bool = DEBUG) -> None:
     compiles: for a Docker image build or a CI cache. Prints what it compiled and the seconds.
 
     The cache is NUMBA_CACHE_DIR when set, else __pycache__ next to packer's modules."""
+    from packer.cli.render import stderr
     from packer.jit import compiled_during, warm_steps
-    from packer.report import stderr
 
     with user_errors(debug):
         t0 = time.perf_counter()

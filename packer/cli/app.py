@@ -1,0 +1,227 @@
+"""The `packer` command: a thin typer layer over the library.
+
+Each command parses options, calls one library function and renders its result. Failures the
+user can act on (`PackerError`) become one line on stderr and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from packer import __version__
+from packer.errors import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    PackerError,
+    Terminated,
+    flag_names,
+)
+
+app = typer.Typer(
+    name="packer",
+    help="Offline sample packing for LLM training: pack token datasets into Arrow shards whose "
+    "samples stay isolated (cu_seqlens, per-sample positions, boundary-masked labels).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain click help: "[default: ...]" in help texts is shown as written
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"packer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """packer: offline sample packing for LLM training."""
+
+
+def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
+    from rich.markup import escape
+
+    from packer.cli.render import stderr
+
+    # escaped: a message may hold brackets ('packer-llm[verify]', a file name) that are not markup
+    stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def user_errors(debug: bool):
+    """Turn expected failures into one line and an exit code; --debug shows the traceback.
+    Messages name options by their flags here (`flag_names`), by their parameters in Python."""
+    try:
+        with flag_names():
+            yield
+    except typer.Exit:
+        raise
+    except PackerError as exc:
+        if debug:
+            raise
+        raise fail(str(exc), exc.exit_code) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as `Terminated`: clean-up has run
+        if debug:
+            raise
+        if isinstance(exc, Terminated):
+            raise fail("terminated; no partial output was left", EXIT_TERMINATED) from None
+        raise fail("interrupted; no partial output was left", EXIT_INTERRUPTED) from None
+    except OSError as exc:
+        if debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        raise fail(f"{where}{exc.strerror or exc}") from None
+    except MemoryError:
+        if debug:
+            raise
+        raise fail("out of memory") from None
+    except Exception as exc:  # a bug: still one line, and a way to see more
+        if debug:
+            raise
+        raise fail(
+            f"internal error ({type(exc).__name__}: {exc}); rerun with --debug for the traceback"
+        ) from None
+
+
+OFF = "[default: off]"
+DEBUG = typer.Option(False, "--debug", help=f"Show the full traceback on errors. {OFF}")
+JSON = typer.Option(
+    False, "--json", help=f"Print one JSON object on stdout instead of a table. {OFF}"
+)
+
+
+def choices(values) -> str:
+    """The metavar of an option with a closed set of values: `[a|b|c]`."""
+    return "[" + "|".join(values) + "]"
+
+
+def config_default(value: str) -> str:
+    """Help text for a default that a --config file may override."""
+    return f"[default: {value}, or the config's]"
+
+
+# the value each option takes, as the help and docs/cli.md name it (typer would print the type:
+# `<int>`, `<list[int]>`, `<path>`); options not named here fall back on their type
+METAVARS = {
+    "--output": "DIR",
+    "--max-len": "L",
+    "--window": "W",
+    "--config": "FILE",
+    "--memory-budget": "SIZE",
+    "--block-size": "SIZE",
+    "--ray-address": "ADDRESS",
+    "--input-column": "NAME",
+    "--labels-column": "NAME",
+    "--tokenizer": "PATH",
+    "--html": "FILE",
+    "--row": "N",
+    "--world-size": "N",
+    "--batch-size": "B",
+    "--hidden-size": "D",
+}
+TYPE_METAVARS = {int: "N", float: "X", Path: "PATH", list[int]: "N"}
+
+# shown under each command's --help; `\b` keeps click from rewrapping the lines
+EXAMPLES = {
+    "pack": [
+        "packer pack data/train.jsonl -o packed -L 4096",
+        "packer pack 'data/*.parquet' -o packed -L 8192 --overlength split --on-error skip",
+        "packer pack packed -o packed-16k -L 16384 --repack",
+    ],
+    "inspect": [
+        "packer inspect packed",
+        "packer inspect packed -r 0 -r 7 --tokenizer tokenizer.json",
+        "packer inspect packed --html report.html",
+    ],
+    "plan": [
+        "packer plan data/train.jsonl -L 4096",
+        "packer plan data/train.jsonl -L 4096 --strategy bfd --world-size 8",
+    ],
+    "verify": [
+        "packer verify packed",
+        "packer verify packed -i data/train.jsonl --rows all",
+        "packer verify packed --no-attention",
+    ],
+    "warmup": ["packer warmup"],
+}
+
+
+def examples(name: str) -> str:
+    """The Examples section of `packer NAME --help`."""
+    return "\b\nExamples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+
+
+class PackerCommand(typer.core.TyperCommand):
+    """A command whose help names values as people write them: `INPUT...`, `--row N`.
+
+    Typer shows a required argument as `{INPUT...}...` in the usage line and every value by
+    its Python type (`<list[int]>`, `<path>`); click's plain metavars read better.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if param.param_type_name == "argument":
+                name = param.metavar or param.name.upper()
+                if param.nargs != 1 and not name.endswith("..."):
+                    name += "..."
+                usage = name if param.required else f"[{name}]"
+                # typer's own way of naming an argument, replaced on this instance only
+                param._usage_display_name = lambda usage=usage: usage
+                param._rich_display_name = lambda name=name: name
+                param.display_type_rich = lambda ctx: None
+            elif not param.is_flag and param.metavar is None:
+                long = next((o for o in param.opts if o.startswith("--")), "")
+                annotation = param.type_descriptor.annotation
+                param.metavar = METAVARS.get(long) or TYPE_METAVARS.get(annotation, "TEXT")
+
+
+def finish_commands() -> None:
+    """Give every registered command its metavars and Examples: run once, after the command
+    modules have imported (each registers itself on `app`)."""
+    for info in app.registered_commands:
+        if info.cls in (None, typer.core.TyperCommand):  # typer's default class, not a chosen one
+            info.cls = PackerCommand
+        name = info.name or info.callback.__name__
+        if info.epilog is None and name in EXAMPLES:
+            info.epilog = examples(name)
+
+
+def run() -> None:
+    """The `packer` command: a usage error is one `error:` line and exit code 2, like the rest.
+
+    (Typer would draw a box around it; scripts that read stderr get the same shape for every
+    failure this way.) Plain `packer` is no error: it prints the help on stdout, exit code 0.
+    """
+    try:  # typer vendors click from 0.2x on, and its exceptions with it
+        from typer import TyperException as ClickError
+    except ImportError:
+        from click import ClickException as ClickError
+
+    try:
+        code = app(standalone_mode=False)
+    except ClickError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # plain `packer`: the help is the answer
+            typer.echo(exc.format_message())
+            sys.exit(0)
+        message = exc.format_message()
+        ctx = getattr(exc, "ctx", None)
+        if exc.exit_code == EXIT_USAGE:
+            message += f" (see '{ctx.command_path if ctx is not None else 'packer'} --help')"
+        code = fail(message, exc.exit_code).exit_code
+    except typer.Abort:
+        code = fail("interrupted; no partial output was left", EXIT_INTERRUPTED).exit_code
+    sys.exit(code or 0)

@@ -1,0 +1,208 @@
+"""`packer pack`: build packed Arrow shards and manifest.json from token datasets."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packer.cli.app import DEBUG, JSON, OFF, app, choices, config_default, user_errors
+from packer.config import ENGINES, ON_ERROR
+from packer.hashing import ALGORITHMS
+from packer.planning.overlength import POLICIES
+from packer.planning.strategies import STRATEGIES
+
+
+@app.command()
+def pack(
+    inputs: list[str] = typer.Argument(
+        ...,
+        metavar="INPUT...",
+        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs.",
+    ),
+    output: Path = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        help="Output directory for shards and manifest.json (created atomically).",
+    ),
+    max_len: Optional[int] = typer.Option(
+        None,
+        "--max-len",
+        "-L",
+        help="Row length L in tokens. [required, here or in --config]",
+    ),
+    strategy: Optional[str] = typer.Option(
+        None,
+        "--strategy",
+        metavar=choices(STRATEGIES),
+        help=f"Packing strategy (see docs/strategies.md). {config_default('bfd')}",
+    ),
+    overlength: Optional[str] = typer.Option(
+        None,
+        "--overlength",
+        metavar=choices(POLICIES),
+        help="Samples longer than L: error (stop and say so), drop, truncate, or split into "
+        f"pieces of L. Every affected sample is counted. {config_default('error')}",
+    ),
+    pad: Optional[bool] = typer.Option(
+        None,
+        "--pad/--no-pad",
+        help="Pad every row to exactly L tokens (padding is one final cu_seqlens segment, "
+        f"labelled -100). {config_default('no-pad')}",
+    ),
+    pad_id: Optional[int] = typer.Option(
+        None, "--pad-id", help=f"Token id used for padding. {config_default('0')}"
+    ),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help=f"Seed for strategies that use randomness. {config_default('0')}"
+    ),
+    window: Optional[int] = typer.Option(
+        None,
+        "--window",
+        help="Pack within consecutive "
+        "windows of W samples (bounded memory, parallel; costs some rows). "
+        + config_default("none, one global plan"),
+    ),
+    input_column: Optional[str] = typer.Option(
+        None,
+        "--input-column",
+        help=f"Column holding the token ids. {config_default('input_ids')}",
+    ),
+    labels_column: Optional[str] = typer.Option(
+        None,
+        "--labels-column",
+        help="Column holding labels (-100 = no loss); when absent, labels are the input ids. "
+        + config_default("labels"),
+    ),
+    on_error: Optional[str] = typer.Option(
+        None,
+        "--on-error",
+        metavar=choices(ON_ERROR),
+        help="Bad samples (malformed line, empty, bad ids, labels length...): error stops at "
+        "the first and names it; skip leaves them out, counts them per reason and lists them "
+        f"in rejects.jsonl in the output. {config_default('error')}",
+    ),
+    shard_rows: Optional[int] = typer.Option(
+        None,
+        "--shard-rows",
+        help=f"Rows per output shard. {config_default('rows holding about 16M tokens')}",
+    ),
+    hash_: Optional[str] = typer.Option(
+        None,
+        "--hash",
+        metavar=choices(ALGORITHMS),
+        help="Content hash of each shard in the manifest: xxh3_128 (fast) or sha256. "
+        + config_default("xxh3_128"),
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help=f"Replace an existing output (kept in place until the new one is complete). {OFF}",
+    ),
+    repack: bool = typer.Option(
+        False,
+        "--repack",
+        help="INPUT is a packer output: read its rows back into the original samples (split "
+        "pieces joined, padding dropped, sample_index kept) and pack them again, e.g. with "
+        f"another L. Without it, packer outputs are never read as input. {OFF}",
+    ),
+    config: Optional[Path] = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="YAML preset of these options; flags given here override it. [default: none]",
+    ),
+    workers: Optional[int] = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Cores to use for reading, validation, gather and shard writing (output is the "
+        "same for any value). [default: all available]",
+    ),
+    memory_budget: Optional[str] = typer.Option(
+        None,
+        "--memory-budget",
+        help="Cap on packer's own memory, e.g. 2GiB: larger inputs are streamed to a "
+        "memory-mapped cache and packed out of core. [default: min(8GiB, half of available "
+        "memory)]",
+    ),
+    block_size: Optional[str] = typer.Option(
+        None,
+        "--block-size",
+        help="Cut the inputs into blocks of about this many input bytes (e.g. 64MiB; blocks "
+        "follow files, Parquet row groups, JSONL lines), plan each block, then pack every "
+        "block's under-filled tail rows together. Part of the output's identity: both engines "
+        "give the same bytes for the same value. "
+        + config_default("none, one global plan; 64MiB with --engine ray"),
+    ),
+    engine: Optional[str] = typer.Option(
+        None,
+        "--engine",
+        metavar=choices(ENGINES),
+        help="Where the work runs: local (this process) or ray (Ray tasks, one per block; "
+        f"needs packer-llm[ray]). The output is the same. {config_default('local')}",
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None,
+        "--ray-address",
+        help="With --engine ray: auto, host:port or ray://host:port joins that cluster (the "
+        "output must be on storage every node sees). "
+        + config_default("none: start a local Ray with --workers CPUs"),
+    ),
+    json_out: bool = JSON,
+    debug: bool = DEBUG,
+) -> None:
+    """Pack token datasets into Arrow shards ready for varlen flash-attention."""
+    from packer.cli.render import pack_table, progress_bars, split_note, stderr
+    from packer.config import build_config
+    from packer.pipeline import pack as run_pack
+    from packer.write.commit import sigterm_as_interrupt
+
+    with user_errors(debug):
+        cfg = build_config(
+            config,
+            {
+                "max_len": max_len,
+                "strategy": strategy,
+                "overlength": overlength,
+                "pad": pad,
+                "pad_id": pad_id,
+                "seed": seed,
+                "window": window,
+                "input_column": input_column,
+                "labels_column": labels_column,
+                "shard_rows": shard_rows,
+                "on_error": on_error,
+                "hash": hash_,
+                "block_size": block_size,
+                "engine": engine,
+                "ray_address": ray_address,
+            },
+        )
+        with progress_bars(not json_out) as progress, sigterm_as_interrupt():
+            result = run_pack(
+                inputs,
+                output,
+                cfg,
+                overwrite=overwrite,
+                progress=progress,
+                workers=workers,
+                memory_budget=memory_budget,
+                repack=repack,
+            )
+        report = result.report()
+        if json_out:
+            sys.stdout.write(json.dumps(report) + "\n")
+        else:
+            for skipped in result.skipped_inputs:
+                stderr.print(
+                    f"note: skipped {skipped}: a packer output, not samples", highlight=False
+                )
+            stderr.print(pack_table(report, cfg.max_len))
+            note = split_note(report)
+            if note is not None:
+                stderr.print(note, highlight=False, markup=False, soft_wrap=True)
