@@ -14,7 +14,7 @@ A kernel is compiled the first time it is called with new argument types, then c
   Python callers allocate, copy with loops, and take no typed lists.
 - `pack` compiles the kernels it needs in a background thread while its input is being read
   (`start_warming`), and `packer warmup` compiles all of them ahead of time (for an image
-  build or a CI cache; see `packer.cli_warmup`).
+  build or a CI cache; see `packer.cli.warmup`).
 """
 
 from __future__ import annotations

@@ -7,13 +7,15 @@ Progress is reported through an optional callback so the CLI can draw bars.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from packer import arguments as A
 from packer.config import PackConfig
-from packer.errors import OutputError, UsageError
+from packer.errors import OutputError, UsageError, option
 from packer.jit import start_warming
 from packer.own_outputs import MANIFEST
 from packer.planning.overlength import Segments, resolve
@@ -143,15 +145,26 @@ def pack(
     engines write the same bytes for the same configuration.
     """
     t0 = time.perf_counter()
+    if not isinstance(config, PackConfig):
+        raise UsageError(f"config must be a PackConfig, got {type(config).__name__}")
+    if isinstance(inputs, (str, os.PathLike)):  # one path, not a sequence of characters
+        inputs = [inputs]
+    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
+        raise UsageError(f"output_dir must be a path, got {output_dir!r}")
+    overwrite = A.boolean(overwrite, "overwrite")
+    repack = A.boolean(repack, "repack")
     runtime = {"engine": engine, "ray_address": ray_address}
     cfg = replace(config, **{k: v for k, v in runtime.items() if v is not None}).validate()
-    workers = configure_workers(workers)
+    workers = configure_workers(A.integer(workers, "workers", minimum=1, none=True))
     out = Path(output_dir)
     output.check_target(out, overwrite)
     timings = {}
     blocks = cfg.block_size is not None or cfg.engine != "local"
     if repack and blocks:
-        raise UsageError("--repack runs on the local engine with one global plan (no --block-size)")
+        raise UsageError(
+            f"{option('repack=True', '--repack')} runs on the local engine with one global plan "
+            f"(no {option('block_size')})"
+        )
     if repack:
         from packer.read.repack import check_repack_inputs, read_packed
 

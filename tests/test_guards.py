@@ -145,3 +145,64 @@ def test_library_errors_name_the_parameter_and_the_cli_the_flag(tmp_path):
         res = runner.invoke(app, args)
         assert res.exit_code == (1 if "longer" in words else 2), (args, res.output)
         assert words in res.output, (args, res.output)
+
+
+def test_pack_checks_its_own_arguments(tmp_path):
+    """`packer.pack` refuses a wrong argument in one line that names the parameter, and takes
+    one path as well as a list (a str is not read as a sequence of one-letter paths)."""
+    import packer
+    from packer.errors import PackerError
+
+    src = tmp_path / "x.jsonl"
+    src.write_text('{"input_ids": [1, 2, 3]}\n')
+    cfg = packer.PackConfig(max_len=8)
+    existing = tmp_path / "existing"
+    assert packer.pack(str(src), existing, cfg).stats["samples_packed"] == 1
+    assert packer.pack(src, tmp_path / "path", cfg).stats["samples_packed"] == 1
+    bad = [
+        (lambda: packer.pack([src], tmp_path / "o", {"max_len": 8}), "config must be a PackConfig"),
+        (lambda: packer.pack([src], None, cfg), "output_dir must be a path, got None"),
+        (lambda: packer.pack([src], tmp_path / "o", cfg, workers=0), "workers must be at least 1"),
+        (
+            lambda: packer.pack([src], tmp_path / "o", cfg, workers=1.5),
+            "workers must be an integer",
+        ),
+        (
+            lambda: packer.pack([src], tmp_path / "o", cfg, overwrite="yes"),
+            "overwrite must be True",
+        ),
+        (lambda: packer.pack([src], existing, cfg), "pass overwrite=True to replace it"),
+        (
+            lambda: packer.pack([existing], tmp_path / "o", replace_cfg(cfg), repack=True),
+            "repack=True runs on the local engine with one global plan (no block_size)",
+        ),
+    ]
+    for call, words in bad:
+        with pytest.raises(PackerError) as info:
+            call()
+        assert words in str(info.value), str(info.value)
+        assert "--" not in str(info.value), str(info.value)
+    assert not (tmp_path / "o").exists()
+    res = runner.invoke(app, ["pack", str(src), "-o", str(existing), "-L", "8"])
+    assert res.exit_code == 2 and "pass --overwrite to replace it" in res.output, res.output
+    res = runner.invoke(
+        app,
+        [
+            "pack",
+            str(existing),
+            "-o",
+            str(tmp_path / "o"),
+            "-L",
+            "8",
+            "--repack",
+            "--block-size",
+            "1MiB",
+        ],
+    )
+    assert "--repack runs on the local engine with one global plan (no --block-size)" in res.output
+
+
+def replace_cfg(cfg):
+    from dataclasses import replace
+
+    return replace(cfg, block_size=1 << 20)

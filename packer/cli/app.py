@@ -211,6 +211,9 @@ def run() -> None:
     except ImportError:
         from click import ClickException as ClickError
 
+    from packer.write.commit import ignore_interrupts, interrupt_once_until_exit
+
+    interrupt_once_until_exit()  # a second Ctrl-C cannot break the clean-up or the error line
     try:
         code = app(standalone_mode=False)
     except ClickError as exc:
@@ -224,4 +227,6 @@ def run() -> None:
         code = fail(message, exc.exit_code).exit_code
     except typer.Abort:
         code = fail("interrupted; no partial output was left", EXIT_INTERRUPTED).exit_code
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+        ignore_interrupts()  # the interpreter's exit has no Python handlers left to ignore them
     sys.exit(code or 0)

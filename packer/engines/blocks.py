@@ -40,7 +40,7 @@ import pyarrow as pa
 from packer import __version__
 from packer.config import PackConfig
 from packer.engines import open_engine
-from packer.errors import InputError, UsageError
+from packer.errors import InputError, UsageError, option
 from packer.own_outputs import REJECTS
 from packer.planning import kernels as algorithms
 from packer.planning.overlength import Segments, resolve
@@ -375,8 +375,9 @@ def _check_memory(specs: list[BlockSpec], budget: int) -> None:
         if 2 * spec.decoded > budget:
             raise UsageError(
                 f"a block of {spec.path} decodes to about {spec.decoded >> 20} MiB, more than "
-                f"half of the --memory-budget ({budget >> 20} MiB); pass a smaller --block-size "
-                "(a Parquet row group is never cut) or a larger --memory-budget"
+                f"half of the {option('memory_budget')} ({budget >> 20} MiB); pass a smaller "
+                f"{option('block_size')} (a Parquet row group is never cut) or a larger "
+                f"{option('memory_budget')}"
             )
 
 

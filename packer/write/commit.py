@@ -24,7 +24,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from packer.errors import OutputError, Terminated, UsageError
+from packer.errors import OutputError, Terminated, UsageError, option
 from packer.own_outputs import MANIFEST, OLD_MARK, TMP_MARK
 
 
@@ -35,7 +35,8 @@ def check_target(output: Path, overwrite: bool) -> None:
             raise UsageError("output path exists and is not a directory", where=str(output))
         if not overwrite:
             raise UsageError(
-                "output directory exists; pass --overwrite to replace it", where=str(output)
+                f"output directory exists; pass {option('overwrite=True', '--overwrite')} to replace it",
+                where=str(output),
             )
         if not (output / MANIFEST).is_file() and any(output.iterdir()):
             raise UsageError(
@@ -157,7 +158,8 @@ def commit(tmp: Path, output: Path, overwrite: bool = True) -> None:
         if output.exists() or output.is_symlink():
             if not overwrite:
                 raise UsageError(
-                    "output appeared while packing; not replacing it without --overwrite",
+                    f"output appeared while packing; not replacing it without "
+                    f"{option('overwrite=True', '--overwrite')}",
                     where=str(output),
                 )
             if _renameat2(tmp, output, _RENAME_EXCHANGE):
