@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +63,8 @@ def cli_cases(tmp: Path, ray: bool) -> dict[str, tuple[str, str]]:
     lines[7] = json.dumps({"input_ids": [1, -5, 3]})
     lines[99] = "not json"
     bad.write_text("\n".join(lines) + "\n")
-    s = str(SAMPLE)
+    s = str(tmp / SAMPLE.name)  # a copy: manifests record input paths, not the checkout's
+    shutil.copyfile(SAMPLE, s)
     cases = {
         "split 4096": [s, "-L", "4096", "--overlength", "split"],
         "ctx4k preset": [s, "--config", "configs/ctx4k.yaml"],
@@ -165,12 +167,13 @@ def main() -> int:
     ap.add_argument(
         "--workdir",
         type=Path,
-        default=ROOT / "out" / "digests",
+        default=Path(tempfile.gettempdir()) / "packer-digests",
         help="where the outputs are written (removed before and after)",
     )
     opts = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # a fixed place: manifests record the paths of their inputs
+    # a fixed place, the sample copied into it: manifests record the paths of their inputs, so
+    # digests saved from another checkout (an older commit's worktree) compare with these
     tmp = opts.workdir.absolute()
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
