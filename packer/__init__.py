@@ -1,13 +1,28 @@
-"""packer: offline sample packing for LLM training, with isolation you can verify."""
+"""packer: offline sample packing for LLM training, with isolation you can verify.
 
-__version__ = "0.1.0"
+The public names resolve on first use, so that `import packer.contract` or `import packer.torch`
+(and `packer --help`) load neither numba nor the pipeline they do not need.
+"""
 
-from packer.config import PackConfig  # noqa: E402
-from packer.in_memory import pack_dataset  # noqa: E402
-from packer.own_outputs import PackedInputError  # noqa: E402
-from packer.pipeline import PackResult, pack, read_manifest  # noqa: E402
-from packer.planning.strategies import Plan, lower_bound, plan  # noqa: E402
-from packer.read.assemble import read_samples  # noqa: E402
+from __future__ import annotations
+
+import importlib
+
+from packer.version import __version__
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "PackConfig": "packer.config",
+    "PackResult": "packer.pipeline",
+    "PackedInputError": "packer.contract.outputs",
+    "Plan": "packer.planning.strategies",
+    "lower_bound": "packer.planning.strategies",
+    "pack": "packer.pipeline",
+    "pack_dataset": "packer.in_memory",
+    "plan": "packer.planning.strategies",
+    "read_manifest": "packer.contract.manifest",
+    "read_samples": "packer.read.assemble",
+}
 
 __all__ = [
     "PackConfig",
@@ -22,3 +37,15 @@ __all__ = [
     "read_manifest",
     "read_samples",
 ]
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'packer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

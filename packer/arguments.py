@@ -9,9 +9,11 @@ when it is whole (8.0 is more likely a mistake than a length).
 from __future__ import annotations
 
 import numbers
+import re
 from collections.abc import Iterable
 
 from packer.errors import UsageError, option
+from packer.errors import option as name_of
 
 
 def integer(
@@ -60,4 +62,39 @@ def choice(value, name: str, choices: Iterable[str], flag: str | None = None) ->
         raise UsageError(
             f"unknown {option(name, flag)} {value!r} (choose from {', '.join(choices)})"
         )
+    return value
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 10**6,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 10**9,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 10**12,
+    "tib": 1 << 40,
+}
+
+
+def parse_size(text: str | int, option: str | None = None, minimum: int = 1 << 20) -> int:
+    """Bytes in "2GiB", "512MB", "1.5g" or a plain integer (`option` names it in errors;
+    by default `memory_budget`, as the caller calls it)."""
+    option = option or name_of("memory_budget")
+    if isinstance(text, numbers.Integral) and not isinstance(text, bool):
+        value = int(text)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+        if not isinstance(text, str) or not m or m.group(2).lower() not in _UNITS:
+            raise UsageError(f"{option} must be a size such as 2GiB or 512MB, got {text!r}")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value < minimum:
+        least = f"{minimum >> 20}MiB" if minimum % (1 << 20) == 0 else f"{minimum} bytes"
+        raise UsageError(f"{option} {text} is too small (at least {least})")
     return value

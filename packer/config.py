@@ -11,9 +11,11 @@ from pathlib import Path
 import yaml
 
 from packer import arguments as A
+from packer.arguments import parse_size
+from packer.contract.names import POLICIES
 from packer.errors import UsageError, option
 from packer.hashing import ALGORITHMS
-from packer.planning.overlength import POLICIES
+from packer.planning.choices import STRATEGIES
 
 ON_ERROR = ("error", "skip")
 ENGINES = ("local", "ray")
@@ -50,8 +52,6 @@ class PackConfig:
     def validate(self) -> PackConfig:
         """Check every field (one line naming the option) and normalise numpy ints to int, so
         that the manifest's JSON and numba see plain values."""
-        from packer.planning.strategies import STRATEGIES
-
         self.max_len = A.integer(self.max_len, "max_len", minimum=1)
         if self.max_len > 2**30:
             raise UsageError(f"{option('max_len')} {self.max_len} is too large (at most 2^30)")
@@ -82,8 +82,6 @@ class PackConfig:
         self.seed = A.integer(self.seed, "seed", minimum=0)
         A.choice(self.engine, "engine", ENGINES)
         if isinstance(self.block_size, str):
-            from packer.read.cache import parse_size
-
             self.block_size = parse_size(self.block_size, option("block_size"), minimum=1)
         self.block_size = A.integer(self.block_size, "block_size", minimum=1, none=True)
         A.text(self.ray_address, "ray_address", none=True)
@@ -145,8 +143,6 @@ def load_yaml(path: str | Path) -> dict:
 def _coerce(name: str, value, path: Path):
     kind = FIELDS[name].type
     if name == "block_size" and isinstance(value, str):  # a size such as 64MiB
-        from packer.read.cache import parse_size
-
         try:
             return parse_size(value, "block_size", minimum=1)
         except UsageError as exc:

@@ -38,13 +38,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packer import __version__, hashing
 from packer import arguments as A
+from packer import hashing
 from packer import workers as workers_mod
 from packer.config import PackConfig
+from packer.contract.names import TMP_MARK
+from packer.contract.schema import SCHEMA
 from packer.errors import InputError, OptionError, OutputError, SampleError, UsageError
+from packer.interrupts import deferred_signals
 from packer.jit import start_warming
-from packer.own_outputs import TMP_MARK
 from packer.pipeline import compute_stats, plan_samples
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, _plan_arrays, lower_bound, plan
@@ -53,9 +55,10 @@ from packer.read.formats import RawTable, _line_problem, _list_of_int
 from packer.read.reasons import REASON_CODE
 from packer.read.samples import Rejects, Samples, SourceFile, as_chunks
 from packer.read.validate import validate
-from packer.write.commit import _fsync_dir, _pid_alive, deferred_signals, os_reason
+from packer.version import __version__
+from packer.write.commit import _fsync_dir, _pid_alive, os_reason
 from packer.write.gather import Buffers, shard_sizes
-from packer.write.shard_file import SCHEMA, shard_batch
+from packer.write.shard_file import shard_batch
 from packer.write.shards import batch_bounds, gather_batch, write_shards
 
 SCHEMA_WITH_LENGTHS = SCHEMA.append(pa.field("seq_lengths", pa.list_(pa.int32())))
@@ -606,7 +609,13 @@ def _stream(data, labels, cfg: PackConfig, window: int, workers: int, stats: dic
                         f"some samples have '{cfg.labels_column}' and others do not "
                         f"(from sample {first_index - n} on)"
                     )
-                segs = resolve(samples, cfg.max_len, cfg.overlength)
+                segs = resolve(
+                    samples.lengths,
+                    cfg.max_len,
+                    cfg.overlength,
+                    starts=samples.offsets[:-1],
+                    locate=samples.locate,
+                )
                 segs.sample = samples.index[segs.sample]
                 for key in ("dropped", "truncated", "split", "tokens_removed"):
                     totals[key] += getattr(segs, key)

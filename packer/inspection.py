@@ -13,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
+from packer.contract.manifest import read_manifest
+from packer.contract.names import IGNORE_INDEX
+from packer.contract.shards import ShardArrays, read_shard
 from packer.errors import UsageError, option
-from packer.read.reasons import IGNORE_INDEX
 from packer.read.samples import SourceFile
-from packer.verify.shards import ShardArrays, read_manifest, read_shard
 
 FILL_BINS = 10  # row fill histogram: 0-10 %, ..., 90-100 %
 

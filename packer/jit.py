@@ -83,7 +83,13 @@ def warm_gather() -> None:
         chunk_starts=np.array([0, chunk.size], np.int64),
     )
     cfg = PackConfig(max_len=4)
-    segs = resolve(samples, cfg.max_len, cfg.overlength)
+    segs = resolve(
+        samples.lengths,
+        cfg.max_len,
+        cfg.overlength,
+        starts=samples.offsets[:-1],
+        locate=samples.locate,
+    )
     pl = Plan(order=np.arange(3, dtype=np.int64), row_starts=np.arange(4, dtype=np.int64))
     bounds = [(0, 0, pl.num_rows)]
     gather_batch(samples, segs, pl, cfg, 0, pl.num_rows, allocate(pl, segs, cfg, bounds))
@@ -114,7 +120,7 @@ def warm_verify() -> None:
 
 def warm_steps() -> list[tuple[str, Callable[[], None]]]:
     """What `packer warmup` runs: every kernel, with the argument types packer passes it."""
-    from packer.planning.strategies import STRATEGIES
+    from packer.planning.choices import STRATEGIES
 
     steps = [(f"plan {name}", lambda name=name: warm_plan(name)) for name in STRATEGIES]
     steps += [

@@ -6,7 +6,6 @@ Progress is reported through an optional callback so the CLI can draw bars.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -14,10 +13,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packer import arguments as A
+from packer.arguments import parse_size
 from packer.config import PackConfig
 from packer.errors import OutputError, UsageError, option
+from packer.interrupts import interrupt_once
 from packer.jit import start_warming
-from packer.own_outputs import MANIFEST
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, lower_bound, plan
 from packer.read.assemble import read_samples
@@ -26,7 +26,6 @@ from packer.read.cache import (
     default_budget,
     make_cache_dir,
     needs_out_of_core,
-    parse_size,
     remove_cache_dir,
     stream_samples,
 )
@@ -108,7 +107,13 @@ def compute_stats(
 def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int | None]:
     """Resolve over-length samples and plan their rows: (segments, plan, rows of one global
     plan when `cfg.window` is set). Shared by `pack` and `pack_dataset`."""
-    segs = resolve(samples, cfg.max_len, cfg.overlength)
+    segs = resolve(
+        samples.lengths,
+        cfg.max_len,
+        cfg.overlength,
+        starts=samples.offsets[:-1],
+        locate=samples.locate,
+    )
     if samples.index is not None:  # skipped samples keep their input numbering
         segs.sample = samples.index[segs.sample]
     pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
@@ -201,7 +206,7 @@ def pack(
     cache_dir = None
     # a second Ctrl-C, once the first is being acted on, is ignored: raised in a join of the
     # clean-up, it would leave threads (the warm-up's compiler, the readers) running at exit
-    with output.interrupt_once():
+    with interrupt_once():
         warming = start_warming(
             cfg.strategy
         )  # this run's kernels compile while reading (packer.jit)
@@ -310,8 +315,3 @@ def _pack_samples(
     return PackResult(
         output=out, stats=stats, shards=shards, seconds=time.perf_counter() - t0, timings=timings
     )
-
-
-def read_manifest(output_dir: str | Path) -> dict:
-    with open(Path(output_dir) / MANIFEST, encoding="utf-8") as fh:
-        return json.load(fh)

@@ -63,9 +63,13 @@ from packer.read.assemble import read_samples
 from packer.write.shards import allocate, batch_bounds, gather_all, gather_batch
 samples = read_samples([sys.argv[1]], chunked=True)
 cfg = PackConfig(max_len=int(sys.argv[2]), overlength=sys.argv[3])
-segs = resolve(samples, cfg.max_len, cfg.overlength)  # warms the JIT cache load
+segs = resolve(
+        samples.lengths, cfg.max_len, cfg.overlength, starts=samples.offsets[:-1], locate=samples.locate
+    )  # warms the JIT cache load
 t0 = time.perf_counter()
-segs = resolve(samples, cfg.max_len, cfg.overlength)
+segs = resolve(
+        samples.lengths, cfg.max_len, cfg.overlength, starts=samples.offsets[:-1], locate=samples.locate
+    )
 pl = plan(segs.length, cfg.max_len, cfg.strategy)
 bounds = batch_bounds(pl, cfg)
 buf = allocate(pl, segs, cfg, bounds)

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from packer.planning.strategies import STRATEGIES, best_bound, plan
+from packer.planning.choices import STRATEGIES
+from packer.planning.strategies import best_bound, plan
 
 try:
     from lightbinpack import obfd

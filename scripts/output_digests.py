@@ -23,7 +23,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample.jsonl.gz"
-TIMING = ("timings", "seconds", "elapsed", "per_second", "time", "rss", "memory", "peak")  # key parts
+TIMING = (
+    "timings",
+    "seconds",
+    "elapsed",
+    "per_second",
+    "time",
+    "rss",
+    "memory",
+    "peak",
+)  # key parts
 
 
 def digest_dir(path: Path) -> str:

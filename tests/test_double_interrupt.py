@@ -98,7 +98,7 @@ def test_two_sigints_exit_130_cleanly(previous, delay_ms):
 
 def test_only_the_first_interrupt_raises_and_ctrl_c_works_again_after():
     """A library caller (a notebook) gets its Ctrl-C back once the interrupted build is over."""
-    from packer.write.commit import interrupt_once
+    from packer.interrupts import interrupt_once
 
     raised = 0
     with interrupt_once():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packer.read.reasons import IGNORE_INDEX
+from packer.contract.names import IGNORE_INDEX
 from packer.read.samples import as_chunks
 from packer.write.gather import Buffers, gather_rows
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import make_samples, read_shards, write_jsonl, write_parquet
 
+from packer.contract.names import IGNORE_INDEX
 from packer.errors import EXIT_USAGE
-from packer.read.reasons import IGNORE_INDEX
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 from conftest import make_samples, to_table, write_arrow, write_jsonl
 
 import packer
+from packer.arguments import parse_size
 from packer.errors import InputError, UsageError
-from packer.read.cache import parse_size
 
 
 def _files(out):

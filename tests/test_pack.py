@@ -18,7 +18,7 @@ from conftest import (
 )
 
 import packer
-from packer.read.reasons import IGNORE_INDEX
+from packer.contract.names import IGNORE_INDEX
 
 
 def check_output(

@@ -21,8 +21,8 @@ from conftest import make_samples, read_shards, to_table, write_jsonl
 
 import packer
 from packer import pack_dataset
+from packer.contract.schema import SCHEMA
 from packer.errors import OptionError, OutputError, SampleError
-from packer.write.shard_file import SCHEMA
 
 datasets = pytest.importorskip("datasets")
 datasets.disable_progress_bars()

@@ -7,7 +7,8 @@ import json
 import numpy as np
 from conftest import make_samples, write_jsonl, write_parquet
 
-from packer.planning.strategies import STRATEGIES, best_bound, plan
+from packer.planning.choices import STRATEGIES
+from packer.planning.strategies import best_bound, plan
 
 
 def test_plan_json_compares_every_strategy(cli, tmp_path):

@@ -159,10 +159,10 @@ def test_without_ray_installed_the_ray_engine_is_one_line_and_writes_nothing(tmp
 def test_each_block_task_reserves_what_its_blocks_need():
     """A block task reserves its largest block's decoded table and flat copy plus the gather
     buffers, never more than `--memory-budget` (which a block task cannot exceed)."""
+    from packer.arguments import parse_size
     from packer.engines.blocks import block_memory
     from packer.engines.ray import MAX_RETRIES, task_options
     from packer.read.blocks import BlockSpec
-    from packer.read.cache import parse_size
     from packer.write.shards import BATCH_TOKENS
 
     def spec(decoded):
@@ -224,7 +224,7 @@ WAIT_FOR_TERM = """
 import sys, time
 from packer.engines.ray import RayEngine
 from packer.errors import Terminated
-from packer.write.commit import sigterm_as_interrupt
+from packer.interrupts import sigterm_as_interrupt
 engine = RayEngine(sys.argv[1], 1)
 try:
     with sigterm_as_interrupt():

@@ -147,8 +147,8 @@ def test_verify_reads_batches_in_place_and_names_shard_rows(tmp_path, monkeypatc
     import xxhash
 
     import packer.write.shards
-    from packer.verify.shards import read_shard
-    from packer.write.shard_file import SCHEMA
+    from packer.contract.schema import SCHEMA
+    from packer.contract.shards import read_shard
 
     src = write_jsonl(tmp_path / "d.jsonl", make_samples(300, seed=6, median=30))
     monkeypatch.setattr(packer.write.shards, "BATCH_TOKENS", 300)  # 2 rows of 128 per batch

@@ -14,8 +14,9 @@ from conftest import make_samples, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packer.contract.names import IGNORE_INDEX
 from packer.read.flatten import ids_valid
-from packer.read.reasons import IGNORE_INDEX, INT32_MAX
+from packer.read.reasons import INT32_MAX
 from packer.read.samples import as_chunks
 
 # Runs the CLI and prints, last, the kernels numba compiled during the run (not cache loads).

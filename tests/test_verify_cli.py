@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 from conftest import make_samples, write_jsonl
 
+from packer.contract.schema import SCHEMA
 from packer.hashing import file_digest
 from packer.verify import VerificationFailed, verify
-from packer.write.shard_file import SCHEMA
 
 MAX_LEN = 128
 

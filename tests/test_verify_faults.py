@@ -30,8 +30,8 @@ from test_verify_cli import (
 
 import packer
 import packer.write.commit as output_mod
+from packer.contract.schema import SCHEMA
 from packer.hashing import file_digest
-from packer.write.shard_file import SCHEMA
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

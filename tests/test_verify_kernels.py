@@ -7,9 +7,9 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from packer.contract.schema import SCHEMA
+from packer.contract.shards import arrays_from_table
 from packer.verify import kernels as K
-from packer.verify.shards import arrays_from_table
-from packer.write.shard_file import SCHEMA
 
 MUTATIONS = (
     "none",

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import typer
 
-from packer import __version__
 from packer.errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -22,6 +21,7 @@ from packer.errors import (
     Terminated,
     flag_names,
 )
+from packer.version import __version__
 
 app = typer.Typer(
     name="packer",
@@ -211,7 +211,7 @@ def run() -> None:
     except ImportError:
         from click import ClickException as ClickError
 
-    from packer.write.commit import ignore_interrupts, interrupt_once_until_exit
+    from packer.interrupts import ignore_interrupts, interrupt_once_until_exit
 
     interrupt_once_until_exit()  # a second Ctrl-C cannot break the clean-up or the error line
     try:

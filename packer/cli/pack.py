@@ -11,9 +11,9 @@ import typer
 
 from packer.cli.app import DEBUG, JSON, OFF, app, choices, config_default, user_errors
 from packer.config import ENGINES, ON_ERROR
+from packer.contract.names import POLICIES
 from packer.hashing import ALGORITHMS
-from packer.planning.overlength import POLICIES
-from packer.planning.strategies import STRATEGIES
+from packer.planning.choices import STRATEGIES
 
 
 @app.command()
@@ -159,8 +159,8 @@ def pack(
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
     from packer.cli.render import pack_table, progress_bars, split_note, stderr
     from packer.config import build_config
+    from packer.interrupts import sigterm_as_interrupt
     from packer.pipeline import pack as run_pack
-    from packer.write.commit import sigterm_as_interrupt
 
     with user_errors(debug):
         cfg = build_config(

@@ -9,8 +9,8 @@ from typing import Optional
 import typer
 
 from packer.cli.app import DEBUG, JSON, app, choices, user_errors
-from packer.planning.overlength import POLICIES
-from packer.planning.strategies import STRATEGIES
+from packer.contract.names import POLICIES
+from packer.planning.choices import STRATEGIES
 
 
 @app.command("plan")
@@ -70,7 +70,6 @@ def plan_command(
     from packer.errors import UsageError
     from packer.planning.compare import compare_strategies
     from packer.planning.overlength import resolve
-    from packer.planning.strategies import STRATEGIES
     from packer.read.assemble import read_samples
 
     with user_errors(debug):
@@ -93,7 +92,7 @@ def plan_command(
             )
         names = STRATEGIES if strategy == "all" else (strategy,)
         samples = read_samples(inputs, input_column, labels_column=None, chunked=True)
-        lengths = resolve(samples, max_len, overlength).length
+        lengths = resolve(samples.lengths, max_len, overlength, locate=samples.locate).length
         report = compare_strategies(
             lengths,
             max_len,

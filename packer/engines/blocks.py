@@ -37,17 +37,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from packer import __version__
 from packer.config import PackConfig
+from packer.contract.names import REJECTS
 from packer.engines import open_engine
 from packer.errors import InputError, UsageError, option
-from packer.own_outputs import REJECTS
 from packer.planning import kernels as algorithms
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, lower_bound, martello_toth_bound, plan
 from packer.read.assemble import _counts_text
 from packer.read.blocks import BlockSpec, FileScan, block_samples, scan_file
 from packer.read.samples import Rejects, Samples, SourceFile, as_chunks
+from packer.version import __version__
 from packer.write import commit as output
 from packer.write.manifest import build_manifest, split_points, write_rejects, write_split_labels
 from packer.write.shards import _sources, gather_buffer_bytes, write_shards
@@ -170,7 +170,13 @@ def pack_block(spec: BlockSpec, cfg: PackConfig, tmp: str, workers: int) -> Bloc
             hist=(np.zeros(0, np.int64), np.zeros(0, np.int64)),
             seconds=time.perf_counter() - t0,
         )
-    segs = resolve(samples, cfg.max_len, cfg.overlength)
+    segs = resolve(
+        samples.lengths,
+        cfg.max_len,
+        cfg.overlength,
+        starts=samples.offsets[:-1],
+        locate=samples.locate,
+    )
     segs.sample = samples.index[segs.sample]
     pl = plan(
         segs.length,

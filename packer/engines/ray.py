@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from packer.errors import PackerError, Terminated, UsageError
-from packer.write.commit import sigterm_seen
+from packer.interrupts import sigterm_seen
 
 MAX_RETRIES = 3
 OBJECT_STORE_BYTES = 256 << 20  # a local instance: tasks exchange summaries, never tokens

@@ -12,7 +12,8 @@ import numpy as np
 
 from packer.planning import kernels as algorithms
 from packer.planning.balance import DEFAULT_HIDDEN_SIZE, compare_balance
-from packer.planning.strategies import STRATEGIES, Plan, lower_bound, martello_toth_bound, plan
+from packer.planning.choices import STRATEGIES
+from packer.planning.strategies import Plan, lower_bound, martello_toth_bound, plan
 
 
 def _timed_plan(

@@ -6,14 +6,13 @@ token array), so that nothing is copied and every dropped, truncated or split sa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from packer.contract.names import POLICIES
 from packer.errors import InputError, UsageError, option
-from packer.read.samples import Samples
-
-POLICIES = ("error", "drop", "truncate", "split")
 
 
 @dataclass
@@ -34,13 +33,25 @@ class Segments:
         return int(self.sample.size)
 
 
-def resolve(samples: Samples, max_len: int, policy: str) -> Segments:
+def resolve(
+    lengths: np.ndarray,
+    max_len: int,
+    policy: str,
+    *,
+    starts: np.ndarray | None = None,
+    locate: Callable[[int], str] | None = None,
+) -> Segments:
+    """The segments of samples of these `lengths` under `policy`.
+
+    Planning knows lengths only: `starts` places each sample in the flat token array (by default
+    the samples lie end to end from 0) and `locate(i)` names sample i in an error message.
+    """
     if policy not in POLICIES:
         raise UsageError(
             f"unknown {option('overlength')} '{policy}' (choose from {', '.join(POLICIES)})"
         )
-    lengths = samples.lengths
-    starts = samples.offsets[:-1]
+    if starts is None:
+        starts = np.cumsum(lengths, dtype=np.int64) - lengths
     index = np.arange(lengths.size, dtype=np.int64)
     over = lengths > max_len
     n_over = int(over.sum())
@@ -50,9 +61,10 @@ def resolve(samples: Samples, max_len: int, policy: str) -> Segments:
 
     if policy == "error":
         first = int(np.flatnonzero(over)[0])
+        where = locate or (lambda i: f"sample {i}")
         raise InputError(
             f"{n_over} sample(s) are longer than {option('max_len')} {max_len} (longest "
-            f"{int(lengths.max())} tokens, first at {samples.locate(first)}); choose what to do "
+            f"{int(lengths.max())} tokens, first at {where(first)}); choose what to do "
             f"with them with {option('overlength')} drop|truncate|split"
         )
     if policy == "drop":

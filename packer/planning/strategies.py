@@ -16,16 +16,7 @@ import numpy as np
 from packer import arguments as A
 from packer.errors import UsageError
 from packer.planning import kernels as algorithms
-
-STRATEGIES = ("bfd", "ffd", "nf", "ff-shuffle", "histogram")
-
-DESCRIPTIONS = {
-    "bfd": "best-fit decreasing (fullest row that fits)",
-    "ffd": "first-fit decreasing (lowest-numbered row that fits)",
-    "nf": "next-fit in input order (order preserved, one pass)",
-    "ff-shuffle": "first-fit over a seeded random order (rows mix short and long samples)",
-    "histogram": "shortest-pack-first on the length histogram (SPFHP-style, emptiest row)",
-}
+from packer.planning.choices import STRATEGIES
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from packer import __version__
 from packer.config import PackConfig
 from packer.errors import InputError
 from packer.read.assemble import _chunked_samples
@@ -38,6 +37,7 @@ from packer.read.formats import (
 from packer.read.progress import open_input
 from packer.read.samples import Rejects, Samples, SourceFile
 from packer.read.validate import validate
+from packer.version import __version__
 
 _SCAN_CHUNK = 16 << 20
 

@@ -12,9 +12,7 @@ arrays as the in-memory one, so the shards come out byte for byte the same.
 
 from __future__ import annotations
 
-import numbers
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -25,9 +23,8 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
-from packer.errors import InputError, UsageError
-from packer.errors import option as name_of
-from packer.own_outputs import TMP_MARK
+from packer.contract.names import TMP_MARK
+from packer.errors import InputError
 from packer.read.assemble import assemble_offsets, check_schema, new_source
 from packer.read.files import detect_format, expand_inputs
 from packer.read.formats import _JSON_BLOCK, READERS, RawTable, _json_schema, _list_of_int
@@ -35,40 +32,7 @@ from packer.read.progress import open_input
 from packer.read.samples import Rejects, Samples
 from packer.read.validate import validate
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1 << 10,
-    "kb": 1000,
-    "kib": 1 << 10,
-    "m": 1 << 20,
-    "mb": 10**6,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 10**9,
-    "gib": 1 << 30,
-    "t": 1 << 40,
-    "tb": 10**12,
-    "tib": 1 << 40,
-}
 BATCH_BYTES = 32 << 20  # decoded bytes per streamed batch (at most; a Parquet row group bounds it)
-
-
-def parse_size(text: str | int, option: str | None = None, minimum: int = 1 << 20) -> int:
-    """Bytes in "2GiB", "512MB", "1.5g" or a plain integer (`option` names it in errors;
-    by default `memory_budget`, as the caller calls it)."""
-    option = option or name_of("memory_budget")
-    if isinstance(text, numbers.Integral) and not isinstance(text, bool):
-        value = int(text)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-        if not isinstance(text, str) or not m or m.group(2).lower() not in _UNITS:
-            raise UsageError(f"{option} must be a size such as 2GiB or 512MB, got {text!r}")
-        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    if value < minimum:
-        least = f"{minimum >> 20}MiB" if minimum % (1 << 20) == 0 else f"{minimum} bytes"
-        raise UsageError(f"{option} {text} is too small (at least {least})")
-    return value
 
 
 def default_budget() -> int:

@@ -1,7 +1,7 @@
 """Input files: what the INPUT arguments name, the format of each, and a cheap fingerprint.
 
 `expand_inputs` is the first step of every read: plain files, directories and globs become one
-sorted list of data files, and packer's own outputs are left out or refused (`own_outputs`).
+sorted list of data files, and packer's own outputs are left out or refused (`packer.contract.outputs`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from packer.errors import InputError
-from packer.own_outputs import (
+from packer.contract.outputs import (
     PackedInputError,
     has_contract_schema,
     is_packer_output,
@@ -21,6 +20,7 @@ from packer.own_outputs import (
     refuse,
     repack_hint,
 )
+from packer.errors import InputError
 
 _SUFFIXES = {
     ".jsonl": ("jsonl", None),

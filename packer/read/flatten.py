@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 
 from packer import workers
-from packer.read.reasons import IGNORE_INDEX, INT32_MAX
+from packer.contract.names import IGNORE_INDEX
+from packer.read.reasons import INT32_MAX
 
 
 def ids_valid(src: np.ndarray, allow_ignore: bool) -> bool:

@@ -1,13 +1,12 @@
 """Reasons: what makes a sample invalid, as the readers, `rejects.jsonl` and the manifest name it.
 
-Token ids must fit int32 and be non-negative; labels may also be `IGNORE_INDEX`.
+Token ids must fit int32 and be non-negative; labels may also be `IGNORE_INDEX` (-100).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-IGNORE_INDEX = -100
 INT32_MAX = np.iinfo(np.int32).max
 
 # Why a sample can be rejected. Code i + 1 in the readers' per-row uint8 arrays is REASONS[i];

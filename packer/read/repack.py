@@ -29,14 +29,11 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from packer import hashing
+from packer.contract.manifest import packer_manifest
+from packer.contract.names import MANIFEST, SPLIT_LABELS
+from packer.contract.outputs import PackedInputError, is_packer_output
+from packer.contract.shards import read_shard
 from packer.errors import InputError, option
-from packer.own_outputs import (
-    MANIFEST,
-    SPLIT_LABELS,
-    PackedInputError,
-    is_packer_output,
-    read_manifest,
-)
 from packer.read.samples import Samples, SourceFile
 
 
@@ -93,9 +90,7 @@ def _split_labels(directory: Path, manifest: dict) -> tuple[np.ndarray, np.ndarr
 
 def read_packed(directory: Path) -> tuple[Samples, dict]:
     """The samples held by a packer output, and what the new manifest records about it."""
-    from packer.verify.shards import read_shard  # the zero-copy shard reader verify uses
-
-    manifest = read_manifest(directory)
+    manifest = packer_manifest(directory)
     if manifest is None:
         raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
     has_labels = any(inp.get("has_labels") for inp in manifest.get("inputs", []))

@@ -14,10 +14,11 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
+from packer.contract.names import IGNORE_INDEX
 from packer.errors import InputError
 from packer.read.flatten import fast_flatten
 from packer.read.formats import RawTable
-from packer.read.reasons import IGNORE_INDEX, INT32_MAX, REASON_CODE, REASONS
+from packer.read.reasons import INT32_MAX, REASON_CODE, REASONS
 from packer.read.samples import Rejects, SourceFile
 
 _C = REASON_CODE

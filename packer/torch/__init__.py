@@ -21,8 +21,9 @@ except ImportError as exc:  # the core install: say which extra brings torch
         "pip install 'packer-llm[verify]' (or install torch first)"
     ) from exc
 
+from packer.contract.schema import CONTRACT_COLUMNS
 from packer.torch.collate import MODES, block_causal_mask, collate_packed, model_inputs
-from packer.torch.data import CONTRACT_COLUMNS, PackedDataset, load_hf_dataset
+from packer.torch.data import PackedDataset, load_hf_dataset
 from packer.torch.isolation import IsolationError, IsolationReport, check_isolation
 from packer.torch.loss import step_loss_tokens, sum_token_loss
 from packer.torch.sampler import PackedBatchSampler, plan_batches

@@ -31,8 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from packer.contract.names import IGNORE_INDEX
+
 MODES = ("flatten", "pad")
-IGNORE_INDEX = -100
 # keys a transformers causal LM accepts; everything else a collated batch holds is metadata
 MODEL_KEYS = (
     "input_ids",

@@ -15,17 +15,8 @@ import numpy as np
 import pyarrow as pa
 import torch.utils.data
 
-MANIFEST = "manifest.json"  # same name as packer.pipeline.MANIFEST, without importing numba code
-
-LIST_COLUMNS = (
-    "input_ids",
-    "labels",
-    "position_ids",
-    "cu_seqlens",
-    "sample_index",
-    "sample_offset",
-)
-CONTRACT_COLUMNS = (*LIST_COLUMNS, "num_loss_tokens")
+from packer.contract.names import MANIFEST
+from packer.contract.schema import LIST_COLUMNS
 
 
 @dataclass

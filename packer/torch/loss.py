@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
+from packer.contract.names import IGNORE_INDEX
 
 
 def sum_token_loss(

@@ -19,8 +19,8 @@ from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from packer.contract.names import IGNORE_INDEX
 from packer.jit import helper, kernel
-from packer.read.reasons import IGNORE_INDEX
 
 
 def shard_sizes(order, row_starts, seg_len, r0, r1, max_len, pad) -> tuple[int, int]:

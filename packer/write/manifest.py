@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from packer import __version__, hashing
+from packer import hashing
 from packer.config import PackConfig
-from packer.own_outputs import REJECTS, SPLIT_LABELS
+from packer.contract.names import REJECTS, SPLIT_LABELS
+from packer.contract.schema import SCHEMA
 from packer.read.samples import Samples
-from packer.write.shard_file import SCHEMA
+from packer.version import __version__
 
 FORMAT_VERSION = 1
 

@@ -12,20 +12,9 @@ import numpy as np
 import pyarrow as pa
 
 from packer import hashing
+from packer.contract.schema import SCHEMA
 from packer.write.direct import DirectFile
 from packer.write.gather import Buffers
-
-SCHEMA = pa.schema(
-    [
-        ("input_ids", pa.list_(pa.int32())),
-        ("labels", pa.list_(pa.int32())),
-        ("position_ids", pa.list_(pa.int32())),
-        ("cu_seqlens", pa.list_(pa.int32())),
-        ("sample_index", pa.list_(pa.int64())),
-        ("sample_offset", pa.list_(pa.int32())),
-        ("num_loss_tokens", pa.int32()),
-    ]
-)
 
 
 class _HashingFile:

@@ -27,12 +27,14 @@ import pyarrow as pa
 
 from packer import workers as workers_mod
 from packer.config import PackConfig
+from packer.contract.schema import SCHEMA
+from packer.interrupts import interrupt_once
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan
 from packer.read.samples import Samples, as_chunks
-from packer.write.commit import KEEP_BYTES, fsync_file, interrupt_once
+from packer.write.commit import KEEP_BYTES, fsync_file
 from packer.write.gather import Buffers, gather_rows, shard_sizes
-from packer.write.shard_file import SCHEMA, ShardWriter, shard_batch
+from packer.write.shard_file import ShardWriter, shard_batch
 
 Progress = Callable[[str, int, int], None]
 # (buffers, rows, tokens, cu_seqlens entries) -> the record batch written for them

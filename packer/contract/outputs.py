@@ -8,25 +8,15 @@ rerun (or any later run over the same tree) would pick up the first run's shards
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from packer.contract.manifest import packer_manifest
+from packer.contract.names import WORK_MARKS
+from packer.contract.schema import PACKED_MARKERS
 from packer.errors import UsageError, option
-
-MANIFEST = "manifest.json"
-REJECTS = "rejects.jsonl"  # written with --on-error skip: one JSON line per rejected sample
-# The source labels that split points overwrite with -100 (see `packer.write.manifest`).
-SPLIT_LABELS = "split_labels.jsonl"
-# Marks of the hidden siblings an output directory has while a run writes it (a run's temporary
-# output and cache, a replaced output; see `packer.write.commit`).
-TMP_MARK = ".packer-tmp-"
-OLD_MARK = ".packer-old-"
-WORK_MARKS = (TMP_MARK, OLD_MARK)
-# Columns of the output contract that a sample dataset never has together.
-CONTRACT_COLUMNS = frozenset({"cu_seqlens", "position_ids", "sample_index"})
 
 
 def repack_hint() -> str:
@@ -37,22 +27,8 @@ class PackedInputError(UsageError):
     """A packer output was given where samples were expected."""
 
 
-def read_manifest(directory: Path) -> dict | None:
-    """The packer manifest of `directory`, or None when it holds none."""
-    path = directory / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if isinstance(data, dict) and "packer_version" in data and "shards" in data:
-        return data
-    return None
-
-
 def is_packer_output(directory: Path) -> bool:
-    return read_manifest(directory) is not None
+    return packer_manifest(directory) is not None
 
 
 def is_work_dir(directory: Path) -> bool:
@@ -77,7 +53,7 @@ def has_contract_schema(path: Path, fmt: str) -> bool:
             return False
     except (pa.ArrowInvalid, OSError):
         return False  # the reader reports what is wrong with the file
-    return set(names) >= CONTRACT_COLUMNS
+    return set(names) >= PACKED_MARKERS
 
 
 def refuse(where: Path, why: str = "its rows are already packed") -> PackedInputError:

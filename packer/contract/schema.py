@@ -1,0 +1,32 @@
+"""The packed shard's schema: the columns every shard holds, with their Arrow types."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("labels", pa.list_(pa.int32())),
+        ("position_ids", pa.list_(pa.int32())),
+        ("cu_seqlens", pa.list_(pa.int32())),
+        ("sample_index", pa.list_(pa.int64())),
+        ("sample_offset", pa.list_(pa.int32())),
+        ("num_loss_tokens", pa.int32()),
+    ]
+)
+CONTRACT_COLUMNS = tuple(SCHEMA.names)  # every row of every shard has them, in this order
+LIST_COLUMNS = tuple(f.name for f in SCHEMA if pa.types.is_list(f.type))
+# Columns that mark a table as packed rows: a sample dataset never has them together.
+PACKED_MARKERS = frozenset({"cu_seqlens", "position_ids", "sample_index"})
+
+
+def schema_problem(schema: pa.Schema) -> str | None:
+    """What keeps this schema from the packed-shard contract, or None."""
+    for field in SCHEMA:
+        if field.name not in schema.names:
+            return f"no '{field.name}' column"
+        got = schema.field(field.name).type
+        if got != field.type:
+            return f"column '{field.name}' has type {got}, expected {field.type}"
+    return None

@@ -1,0 +1,130 @@
+"""Read a packed shard as flat numpy arrays: what verify, repack and inspect check and read back.
+
+Shards are read through a memory map, one record batch at a time: every list column is kept as
+Arrow's own `offsets` + `values` of that batch (no copy), so the numba checks run over whole
+batches without per-row Python objects and reading a large output needs little memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from packer.contract.schema import SCHEMA, schema_problem
+
+
+@dataclass
+class ShardArrays:
+    """One record batch of a shard; list column X is `X[X_off[r]:X_off[r + 1]]` for row r.
+
+    Rows are numbered from 0 within the batch; `first_row + r` is the row in the shard file.
+    """
+
+    name: str
+    rows: int
+    ids_off: np.ndarray
+    ids: np.ndarray
+    lab_off: np.ndarray
+    labels: np.ndarray
+    pos_off: np.ndarray
+    pos: np.ndarray
+    cu_off: np.ndarray
+    cu: np.ndarray
+    si_off: np.ndarray
+    sample_index: np.ndarray
+    so_off: np.ndarray
+    sample_offset: np.ndarray
+    num_loss: np.ndarray
+    first_row: int = 0
+
+    def shard_row(self, r: int) -> int:
+        """The row's number in its shard file, as messages give it."""
+        return self.first_row + r
+
+    def row_slice(self, r: int) -> slice:
+        return slice(int(self.ids_off[r]), int(self.ids_off[r + 1]))
+
+    def row(self, r: int) -> dict:
+        """Row r as numpy arrays (views), for the per-row checks and messages."""
+        t = self.row_slice(r)
+        return {
+            "input_ids": self.ids[t],
+            "labels": self.labels[int(self.lab_off[r]) : int(self.lab_off[r + 1])],
+            "position_ids": self.pos[int(self.pos_off[r]) : int(self.pos_off[r + 1])],
+            "cu_seqlens": self.cu[int(self.cu_off[r]) : int(self.cu_off[r + 1])],
+            "sample_index": self.sample_index[int(self.si_off[r]) : int(self.si_off[r + 1])],
+            "sample_offset": self.sample_offset[int(self.so_off[r]) : int(self.so_off[r + 1])],
+            "num_loss_tokens": int(self.num_loss[r]),
+        }
+
+
+def _list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    offsets = column.offsets.to_numpy(zero_copy_only=False)
+    values = column.values.to_numpy(zero_copy_only=False)
+    return offsets, values
+
+
+def read_shard(path: Path) -> list[ShardArrays]:
+    """The record batches of one Arrow IPC stream shard, as zero-copy arrays of the mapped file.
+
+    Raises ValueError with a one-line reason. A shard without batches gives one empty batch.
+    """
+    source = pa.memory_map(str(path))
+    try:
+        reader = pa.ipc.open_stream(source)
+        batches = list(reader)
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"not an Arrow IPC stream ({exc})") from None
+    if not batches:
+        return [arrays_from_table(reader.schema.empty_table(), path.name)]
+    out, first = [], 0
+    for batch in batches:
+        out.append(arrays_from_table(pa.Table.from_batches([batch]), path.name, first))
+        first += batch.num_rows
+    return out
+
+
+def arrays_from_table(table: pa.Table, name: str, first_row: int = 0) -> ShardArrays:
+    """The flat arrays of a shard table (zero-copy when it is one batch); raises ValueError
+    when it breaks the schema."""
+    problem = schema_problem(table.schema)
+    if problem:
+        raise ValueError(problem)
+    # one chunk is used as it is: combine_chunks would copy even a single chunk
+    cols = {
+        c: col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+        for c, col in zip(table.column_names, table.columns)
+    }
+    if table.num_rows == 0:
+        cols = {c: pa.array([], SCHEMA.field(c).type) for c in SCHEMA.names}
+    for column in SCHEMA.names:
+        if cols[column].null_count:
+            raise ValueError(f"column '{column}' holds nulls")
+    ids_off, ids = _list_parts(cols["input_ids"])
+    lab_off, labels = _list_parts(cols["labels"])
+    pos_off, pos = _list_parts(cols["position_ids"])
+    cu_off, cu = _list_parts(cols["cu_seqlens"])
+    si_off, sample_index = _list_parts(cols["sample_index"])
+    so_off, sample_offset = _list_parts(cols["sample_offset"])
+    num_loss = cols["num_loss_tokens"].to_numpy(zero_copy_only=False)
+    return ShardArrays(
+        name,
+        table.num_rows,
+        ids_off,
+        ids,
+        lab_off,
+        labels,
+        pos_off,
+        pos,
+        cu_off,
+        cu,
+        si_off,
+        sample_index,
+        so_off,
+        sample_offset,
+        num_loss,
+        first_row,
+    )
