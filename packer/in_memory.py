@@ -49,14 +49,14 @@ from packer.interrupts import deferred_signals
 from packer.jit import start_warming
 from packer.pipeline import compute_stats, plan_samples
 from packer.planning.overlength import Segments, resolve
-from packer.planning.strategies import Plan, _plan_arrays, lower_bound, plan
-from packer.read.assemble import _chunked_samples, assemble_offsets
+from packer.planning.strategies import Plan, lower_bound, plan, plan_arrays
+from packer.read.assemble import assemble_offsets, chunked_samples
 from packer.read.formats import RawTable, _line_problem, _list_of_int
 from packer.read.reasons import REASON_CODE
 from packer.read.samples import Rejects, Samples, SourceFile, as_chunks
 from packer.read.validate import validate
 from packer.version import __version__
-from packer.write.commit import _fsync_dir, _pid_alive, os_reason
+from packer.write.commit import fsync_dir, os_reason, pid_alive
 from packer.write.gather import Buffers, shard_sizes
 from packer.write.shard_file import shard_batch
 from packer.write.shards import batch_bounds, gather_batch, write_shards
@@ -281,7 +281,7 @@ def _samples(
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         index = first_index + (kept if kept is not None else np.arange(n, dtype=np.int64))
-    samples = _chunked_samples([tokens], [lab], offsets, [src], index, rejects)
+    samples = chunked_samples([tokens], [lab], offsets, [src], index, rejects)
     return samples, n, rejects
 
 
@@ -396,7 +396,7 @@ def _remove_stale(path: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in path.parent.glob(glob.escape(prefix) + "*"):
             pid = entry.name[len(prefix) :].split("-", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 entry.unlink(missing_ok=True)
 
 
@@ -432,7 +432,7 @@ def _write_file(
         )
         with deferred_signals():
             os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -573,7 +573,7 @@ def _stream(data, labels, cfg: PackConfig, window: int, workers: int, stats: dic
         nonlocal rows, w, pieces
         samples, segs = _window_samples(pieces, take)
         pieces = [p for p in pieces if p.left]
-        order, row_starts = _plan_arrays(
+        order, row_starts = plan_arrays(
             segs.length, cfg.max_len, cfg.strategy, cfg.seed if alone else [cfg.seed, w]
         )
         pl = Plan(order=order, row_starts=row_starts)

@@ -44,13 +44,13 @@ from packer.errors import InputError, UsageError, option
 from packer.planning import kernels as algorithms
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, lower_bound, martello_toth_bound, plan
-from packer.read.assemble import _counts_text
+from packer.read.assemble import counts_text
 from packer.read.blocks import BlockSpec, FileScan, block_samples, scan_file
 from packer.read.samples import Rejects, Samples, SourceFile, as_chunks
 from packer.version import __version__
 from packer.write import commit as output
 from packer.write.manifest import build_manifest, split_points, write_rejects, write_split_labels
-from packer.write.shards import _sources, gather_buffer_bytes, write_shards
+from packer.write.shards import gather_buffer_bytes, segment_sources, write_shards
 
 DEFAULT_BLOCK_SIZE = 64 << 20  # `--engine ray` without --block-size
 # A row with more than L // TAIL_FREE free tokens is a tail row: its samples are packed again
@@ -246,7 +246,7 @@ def _fault_point() -> None:
 
 def _spill(samples: Samples, segs: Segments, order: np.ndarray, path: Path) -> np.ndarray:
     """Write the tail segments (tokens, labels, provenance) to an Arrow IPC file; their lengths."""
-    chunks, label_chunks, seg_chunk, seg_local = _sources(samples, segs)
+    chunks, label_chunks, seg_chunk, seg_local = segment_sources(samples, segs)
     lengths = segs.length[order]
     offsets = np.zeros(order.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -576,7 +576,7 @@ def _totals(results: list[BlockResult], cfg: PackConfig) -> _Totals:
     if kept == 0:
         raise InputError(
             f"the dataset is empty: all {read} samples were rejected "
-            f"({_counts_text(totals.rejects)})"
+            f"({counts_text(totals.rejects)})"
         )
     if cfg.max_len <= _HISTOGRAM_MAX_LEN:
         hist = np.zeros(cfg.max_len + 1, np.int64)

@@ -105,7 +105,7 @@ def _plan_decreasing(kernel, lengths: np.ndarray, max_len: int) -> tuple[np.ndar
     return order, row_starts
 
 
-def _plan_arrays(
+def plan_arrays(
     lengths: np.ndarray, max_len: int, strategy: str, rng_seed
 ) -> tuple[np.ndarray, np.ndarray]:
     """(order, row_starts) of one strategy over all of `lengths` (already int32/int64)."""
@@ -136,7 +136,7 @@ def _plan_windows(
 
     def one(w: int):
         a, b = spans[w]
-        order, row_starts = _plan_arrays(lengths[a:b], max_len, strategy, [seed, w])
+        order, row_starts = plan_arrays(lengths[a:b], max_len, strategy, [seed, w])
         return order + a if a else order, row_starts
 
     workers = min(len(spans), os.cpu_count() or 1)
@@ -172,7 +172,7 @@ def plan(
     if lengths.size == 0:
         return Plan(order=np.zeros(0, np.int64), row_starts=np.zeros(1, np.int64))
     if window is None or window >= lengths.size:
-        order, row_starts = _plan_arrays(lengths, max_len, strategy, seed)
+        order, row_starts = plan_arrays(lengths, max_len, strategy, seed)
     else:
         order, row_starts = _plan_windows(lengths, max_len, strategy, seed, window)
     return Plan(order=order, row_starts=row_starts)

@@ -100,7 +100,7 @@ def read_samples(
             progress(path)
     offsets, index = assemble_offsets(len_parts, index_parts, first, rejects)
     if chunked:
-        return _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects)
+        return chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects)
     tokens = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
     labels = None
     if sources[0].has_labels:
@@ -124,7 +124,7 @@ def check_schema(
         raise InputError(f"no '{labels_column}' column", where=str(src.path))
 
 
-def _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> Samples:
+def chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> Samples:
     tok, lab = [], [] if sources[0].has_labels else None
     starts = [0]
     for ids, labels in zip(ids_parts, lab_parts):
@@ -150,7 +150,7 @@ def _chunked_samples(ids_parts, lab_parts, offsets, sources, index, rejects) -> 
     )
 
 
-def _counts_text(rejects: Rejects | None) -> str:
+def counts_text(rejects: Rejects | None) -> str:
     if not rejects:
         return ""
     return ", ".join(f"{k}: {v}" for k, v in sorted(rejects.counts.items()))
@@ -168,7 +168,7 @@ def assemble_offsets(len_parts, index_parts, num_read: int, rejects):
         raise InputError("the dataset is empty: the inputs hold no samples")
     if kept_total == 0:
         raise InputError(
-            f"the dataset is empty: all {num_read} samples were rejected ({_counts_text(rejects)})"
+            f"the dataset is empty: all {num_read} samples were rejected ({counts_text(rejects)})"
         )
     offsets = np.zeros(kept_total + 1, np.int64)
     np.cumsum(np.concatenate(len_parts), out=offsets[1:])

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from packer.config import PackConfig
 from packer.errors import InputError
-from packer.read.assemble import _chunked_samples
+from packer.read.assemble import chunked_samples
 from packer.read.files import detect_format, fingerprint
 from packer.read.formats import (
     _JSON_BLOCK,
@@ -323,7 +323,7 @@ def block_samples(spec: BlockSpec, cfg: PackConfig, rejects: Rejects | None):
     offsets = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if isinstance(tokens, list):
-        samples = _chunked_samples([tokens], [labels], offsets, [src], index, rejects)
+        samples = chunked_samples([tokens], [labels], offsets, [src], index, rejects)
     else:
         samples = Samples(
             tokens=tokens,

@@ -54,7 +54,7 @@ def check_target(output: Path, overwrite: bool) -> None:
         raise UsageError("directory is not writable", where=str(parent))
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -83,7 +83,7 @@ def remove_stale(output: Path) -> None:
             if not name.startswith(prefix):
                 continue
             pid_text = name[len(prefix) :].split("-", 1)[0]
-            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            if not pid_text.isdigit() or pid_alive(int(pid_text)):
                 continue
             if prefix == prefix_old and not (output.exists() or output.is_symlink()):
                 os.rename(entry, output)
@@ -167,7 +167,7 @@ def commit(tmp: Path, output: Path, overwrite: bool = True) -> None:
                 _replace_by_two_renames(tmp, output)
         elif not _renameat2(tmp, output, _RENAME_NOREPLACE):
             os.rename(tmp, output)
-        _fsync_dir(output.parent)
+        fsync_dir(output.parent)
 
 
 def _replace_by_two_renames(tmp: Path, output: Path) -> None:
@@ -219,10 +219,10 @@ def _fsync_tree(path: Path) -> None:
     for entry in path.iterdir():
         if entry.is_file():
             fsync_file(entry)
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

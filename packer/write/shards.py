@@ -94,7 +94,7 @@ def gather_batch(
     samples: Samples, segs: Segments, pl: Plan, cfg: PackConfig, a: int, b: int, buf: Buffers
 ) -> tuple[int, int]:
     """Fill `buf` with rows a..b; return (tokens, cu_seqlens entries)."""
-    tokens, labels, seg_chunk, seg_local = _sources(samples, segs)
+    tokens, labels, seg_chunk, seg_local = segment_sources(samples, segs)
     return gather_rows(
         tokens.addresses,
         labels.addresses,
@@ -124,7 +124,7 @@ def gather_batch(
     )
 
 
-def _sources(samples: Samples, segs: Segments):
+def segment_sources(samples: Samples, segs: Segments):
     """(token chunks, label chunks, chunk of each segment, start within it), once per Segments."""
     cached = getattr(segs, "_sources", None)
     if cached is None:
