@@ -88,13 +88,25 @@ def _split_labels(directory: Path, manifest: dict) -> tuple[np.ndarray, np.ndarr
     return key[order], table.column("label").to_numpy().astype(np.int32)[order]
 
 
-def read_packed(directory: Path) -> tuple[Samples, dict]:
-    """The samples held by a packer output, and what the new manifest records about it."""
-    manifest = packer_manifest(directory)
-    if manifest is None:
-        raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
-    has_labels = any(inp.get("has_labels") for inp in manifest.get("inputs", []))
+@dataclass
+class _Pieces:
+    """Every piece of every sample in a packer output, and the token arrays they lie in."""
 
+    sample: np.ndarray  # the sample each piece belongs to
+    offset: np.ndarray  # where the piece starts within its sample
+    length: np.ndarray
+    tok: np.ndarray  # where the piece starts in the concatenated shard tokens
+    ids: list[np.ndarray]
+    labels: list[np.ndarray]
+
+    def sort(self) -> None:
+        order = np.lexsort((self.offset, self.sample))
+        self.sample, self.offset = self.sample[order], self.offset[order]
+        self.length, self.tok = self.length[order], self.tok[order]
+
+
+def _read_pieces(directory: Path, manifest: dict) -> _Pieces:
+    """The pieces of each listed shard, each shard checked against the manifest first."""
     ids_parts, lab_parts = [], []
     seg_sample, seg_offset, seg_len, seg_tok = [], [], [], []
     base = 0
@@ -121,55 +133,96 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
             base += b.ids.size
     if not seg_len or sum(a.size for a in seg_len) == 0:
         raise InputError("the packer output holds no samples", where=str(directory))
-    sample = np.concatenate(seg_sample)
-    offset = np.concatenate(seg_offset)
-    length = np.concatenate(seg_len)
-    tok = np.concatenate(seg_tok)
+    return _Pieces(
+        np.concatenate(seg_sample),
+        np.concatenate(seg_offset),
+        np.concatenate(seg_len),
+        np.concatenate(seg_tok),
+        ids_parts,
+        lab_parts,
+    )
 
-    order = np.lexsort((offset, sample))
-    sample, offset, length, tok = sample[order], offset[order], length[order], tok[order]
-    first = np.ones(sample.size, bool)
-    first[1:] = sample[1:] != sample[:-1]
-    expected = np.zeros(sample.size, np.int64)  # where each piece must start in its sample
-    expected[1:] = offset[:-1] + length[:-1]
+
+def _first_pieces(directory: Path, p: _Pieces) -> np.ndarray:
+    """Which (sorted) pieces start their sample; refuses a missing, repeated or overlapping one."""
+    first = np.ones(p.sample.size, bool)
+    first[1:] = p.sample[1:] != p.sample[:-1]
+    expected = np.zeros(p.sample.size, np.int64)  # where each piece must start in its sample
+    expected[1:] = p.offset[:-1] + p.length[:-1]
     expected[first] = 0
-    bad = np.flatnonzero(offset != expected)
+    bad = np.flatnonzero(p.offset != expected)
     if bad.size:
         i = int(bad[0])
         raise _refuse(
             directory,
-            f"sample {int(sample[i])} has a piece at offset {int(offset[i])} where "
+            f"sample {int(p.sample[i])} has a piece at offset {int(p.offset[i])} where "
             f"{int(expected[i])} was expected (a missing, repeated or overlapping piece)",
         )
+    return first
 
-    ends = np.cumsum(length)
-    starts = ends - length
-    gather = np.repeat(tok - starts, length) + np.arange(int(ends[-1]))
-    all_ids = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
+
+def _restore_split_labels(
+    directory: Path, manifest: dict, p: _Pieces, first: np.ndarray, starts, labels
+) -> None:
+    """Put back the source labels that split points overwrote with -100 (split_labels.jsonl)."""
+    pieces = ~first  # pieces after the first: their first label was overwritten with -100
+    if not pieces.any():
+        return
+    split = _split_labels(directory, manifest)
+    key = p.sample[pieces] * (1 << 31) + p.offset[pieces]
+    at = np.searchsorted(split[0], key) if split is not None else None
+    if at is None or (at >= split[0].size).any() or (split[0][at] != key).any():
+        n_lost = int(pieces.sum())
+        n_split = int(np.unique(p.sample[pieces]).size)
+        raise PackedInputError(
+            f"{n_split} sample(s) were split when this output was packed, and the "
+            f"labels at their {n_lost} split point(s) are not recorded (no complete "
+            f"{SPLIT_LABELS}: an output of packer before it kept them); re-packing "
+            "would change those labels: pack the original inputs instead",
+            where=str(directory),
+        )
+    labels[starts[pieces]] = split[1][at]
+
+
+def _origin(directory: Path, manifest: dict, kept: int, num_input: int, absent) -> dict:
+    """What the new manifest's `repacked_from` records about the output read."""
+    algorithm = manifest.get("config", {}).get("hash", hashing.DEFAULT)
+    return {
+        "path": str(directory),
+        "manifest": {
+            "algorithm": algorithm,
+            "hash": hashing.file_digest(directory / MANIFEST, algorithm),
+        },
+        "config": manifest.get("config"),
+        "samples": kept,
+        "samples_absent": int(num_input - kept),
+        "absent": absent,
+    }
+
+
+def read_packed(directory: Path) -> tuple[Samples, dict]:
+    """The samples held by a packer output, and what the new manifest records about it."""
+    manifest = packer_manifest(directory)
+    if manifest is None:
+        raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
+    has_labels = any(inp.get("has_labels") for inp in manifest.get("inputs", []))
+    p = _read_pieces(directory, manifest)
+    p.sort()
+    first = _first_pieces(directory, p)
+
+    ends = np.cumsum(p.length)
+    starts = ends - p.length
+    gather = np.repeat(p.tok - starts, p.length) + np.arange(int(ends[-1]))
+    all_ids = np.concatenate(p.ids) if len(p.ids) > 1 else p.ids[0]
     tokens = np.ascontiguousarray(all_ids[gather], dtype=np.int32)
     labels = None
-    pieces = ~first  # pieces after the first: their first label was overwritten with -100
     if has_labels:
-        all_lab = np.concatenate(lab_parts) if len(lab_parts) > 1 else lab_parts[0]
+        all_lab = np.concatenate(p.labels) if len(p.labels) > 1 else p.labels[0]
         labels = np.ascontiguousarray(all_lab[gather], dtype=np.int32)
-        if pieces.any():
-            split = _split_labels(directory, manifest)
-            key = sample[pieces] * (1 << 31) + offset[pieces]
-            at = np.searchsorted(split[0], key) if split is not None else None
-            if at is None or (at >= split[0].size).any() or (split[0][at] != key).any():
-                n_lost = int(pieces.sum())
-                n_split = int(np.unique(sample[pieces]).size)
-                raise PackedInputError(
-                    f"{n_split} sample(s) were split when this output was packed, and the "
-                    f"labels at their {n_lost} split point(s) are not recorded (no complete "
-                    f"{SPLIT_LABELS}: an output of packer before it kept them); re-packing "
-                    "would change those labels: pack the original inputs instead",
-                    where=str(directory),
-                )
-            labels[starts[pieces]] = split[1][at]
+        _restore_split_labels(directory, manifest, p, first, starts, labels)
     del gather
 
-    kept = sample[first]
+    kept = p.sample[first]
     sample_ends = np.append(ends[np.flatnonzero(first)[1:] - 1], ends[-1])
     offsets = np.zeros(kept.size + 1, np.int64)
     offsets[1:] = sample_ends
@@ -179,19 +232,7 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     _check_accounting(directory, manifest, num_input, int(kept.size), absent)
     index = None if kept.size == num_input and kept[-1] == num_input - 1 else kept
     samples = Samples(tokens=tokens, offsets=offsets, labels=labels, sources=sources, index=index)
-    algorithm = manifest.get("config", {}).get("hash", hashing.DEFAULT)
-    origin = {
-        "path": str(directory),
-        "manifest": {
-            "algorithm": algorithm,
-            "hash": hashing.file_digest(directory / MANIFEST, algorithm),
-        },
-        "config": manifest.get("config"),
-        "samples": int(kept.size),
-        "samples_absent": int(num_input - kept.size),
-        "absent": absent,
-    }
-    return samples, origin
+    return samples, _origin(directory, manifest, int(kept.size), num_input, absent)
 
 
 def _refuse(path: Path, what: str) -> PackedInputError:
