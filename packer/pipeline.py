@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from packer import arguments as A
@@ -18,8 +18,10 @@ from packer.config import PackConfig
 from packer.errors import OutputError, UsageError, option
 from packer.interrupts import interrupt_once
 from packer.jit import start_warming
-from packer.planning.overlength import Segments, resolve
-from packer.planning.strategies import Plan, lower_bound, plan
+from packer.pipelines.one_plan import plan_samples
+from packer.pipelines.result import PackResult, stats_of
+from packer.planning.overlength import Segments
+from packer.planning.strategies import Plan
 from packer.read.assemble import read_samples
 from packer.read.cache import (
     batch_bytes_for,
@@ -42,29 +44,6 @@ from packer.write.shards import write_shards
 Progress = Callable[..., None]
 
 
-@dataclass
-class PackResult:
-    output: Path
-    stats: dict
-    shards: list[dict]
-    seconds: float
-    timings: dict = field(default_factory=dict)
-    skipped_inputs: list[str] = field(default_factory=list)  # packer outputs left out
-    engine: str = "local"
-
-    def report(self) -> dict:
-        """The machine-readable summary printed by `packer pack --json`."""
-        return {
-            **self.stats,
-            "seconds": round(self.seconds, 3),
-            "shards": len(self.shards),
-            "output": str(self.output),
-            "skipped_inputs": self.skipped_inputs,
-            "engine": self.engine,
-            "timings": {k: round(v, 3) for k, v in self.timings.items()},
-        }
-
-
 def compute_stats(
     samples: Samples,
     segs: Segments,
@@ -75,52 +54,7 @@ def compute_stats(
     global_rows: int | None = None,
 ) -> dict:
     """The figures of `packer pack --json` (and `pack_dataset(..., return_stats=True)`)."""
-    tokens = int(segs.length.sum())
-    lb = lower_bound(tokens, cfg.max_len)
-    rows = pl.num_rows
-    rejects = samples.rejects
-    stats = {
-        "samples_in": samples.num_input_samples,
-        "samples_packed": samples.num_samples - segs.dropped,
-        "rejected": samples.num_rejected,
-        "rejected_by_reason": dict(sorted(rejects.counts.items())) if rejects else {},
-        "dropped": segs.dropped,
-        "truncated": segs.truncated,
-        "split": segs.split,
-        "segments": segs.num_segments,
-        "tokens_in": samples.num_tokens,
-        "tokens": tokens,
-        "tokens_removed": segs.tokens_removed,
-        "pad_tokens": pad_tokens,
-        "loss_tokens": loss_tokens,
-        "rows": rows,
-        "lower_bound": lb,
-        "rows_over_lower_bound": round(rows / lb, 6) if lb else 1.0,
-        "efficiency": round(tokens / (rows * cfg.max_len), 6) if rows else 1.0,
-    }
-    if global_rows is not None:  # what windowing costs against one global plan
-        stats["global_rows"] = global_rows
-        stats["window_cost"] = round(rows / global_rows - 1, 6) if global_rows else 0.0
-    return stats
-
-
-def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int | None]:
-    """Resolve over-length samples and plan their rows: (segments, plan, rows of one global
-    plan when `cfg.window` is set). Shared by `pack` and `pack_dataset`."""
-    segs = resolve(
-        samples.lengths,
-        cfg.max_len,
-        cfg.overlength,
-        starts=samples.offsets[:-1],
-        locate=samples.locate,
-    )
-    if samples.index is not None:  # skipped samples keep their input numbering
-        segs.sample = samples.index[segs.sample]
-    pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
-    global_rows = None
-    if cfg.window is not None:
-        global_rows = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows
-    return segs, pl, global_rows
+    return stats_of(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows).as_dict()
 
 
 def pack(
