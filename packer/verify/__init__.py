@@ -103,63 +103,30 @@ def verify(
     out = Path(output_dir)
     version = OutputVersion(out)
     try:
-        manifest = version.manifest
         count = parse_rows(rows)
         seed = A.integer(seed, "seed", minimum=0)
-        chosen = None
-        if attention:
-            _require_torch()
-            from packer.verify.attention import resolve
+        chosen = _backend(attention, backend, dtype, model_check, model_dir)
 
-            chosen = resolve(backend, dtype)  # usage errors before any work
-        elif model_check or model_dir is not None:
-            asked = (
-                option("model_check", "--model-check")
-                if model_check
-                else option("model_dir", "--model")
-            )
-            raise UsageError(
-                f"{option('attention=False', '--no-attention')} runs the structural checks "
-                f"alone; drop it to use {asked}"
+        def run(path: Path, manifest: dict, source) -> dict:
+            return _run_checks(
+                path, manifest, source, chosen, count, seed, model_check, model_dir, dtype, progress
             )
 
         inputs = list(inputs or [])
         source, columns = None, None
         for attempt in range(2):
+            manifest = version.manifest
             if inputs and columns != _columns(manifest):
                 from packer.read.assemble import read_samples
 
                 columns = _columns(manifest)
                 source = read_samples(inputs, *columns, on_error="skip")  # verify counts rejects
-            try:
-                checks = _run_checks(
-                    version.path,
-                    manifest,
-                    source,
-                    chosen,
-                    count,
-                    seed,
-                    model_check,
-                    model_dir,
-                    dtype,
-                    progress,
-                )
-            except Exception as exc:  # a file gone mid-read: the output was replaced (or not)
-                if not version.changed():
-                    if isinstance(exc, OSError) and isinstance(exc.filename, str):
-                        exc.filename = version.shown_path(exc.filename)
-                    raise
-                checks = None
-            else:
-                for check in checks.values():
-                    for failure in check.failures:
-                        failure.message = version.shown_path(failure.message)
-            if checks is not None and not version.changed():
+            checks = _checks_of_version(version, source, run)
+            if checks is not None:
                 return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)
             version.close()
             if attempt == 0:
                 version = OutputVersion(out)
-                manifest = version.manifest
     finally:
         version.close()
     raise UsageError(
@@ -167,6 +134,44 @@ def verify(
         "verify it once nothing writes it",
         where=str(out),
     )
+
+
+def _backend(attention: bool, backend: str, dtype, model_check: bool, model_dir):
+    """The attention backend and dtype to use (None without attention): usage errors come
+    before any work."""
+    if attention:
+        _require_torch()
+        from packer.verify.attention import resolve
+
+        return resolve(backend, dtype)
+    if model_check or model_dir is not None:
+        asked = (
+            option("model_check", "--model-check")
+            if model_check
+            else option("model_dir", "--model")
+        )
+        raise UsageError(
+            f"{option('attention=False', '--no-attention')} runs the structural checks "
+            f"alone; drop it to use {asked}"
+        )
+    return None
+
+
+def _checks_of_version(version: OutputVersion, source, run) -> dict | None:
+    """The checks of this version of the output, paths shown as the user gave them; None when
+    the output was replaced while they ran (a file gone mid-read, or a new manifest)."""
+    try:
+        checks = run(version.path, version.manifest, source)
+    except Exception as exc:
+        if not version.changed():
+            if isinstance(exc, OSError) and isinstance(exc.filename, str):
+                exc.filename = version.shown_path(exc.filename)
+            raise
+        return None
+    for check in checks.values():
+        for failure in check.failures:
+            failure.message = version.shown_path(failure.message)
+    return None if version.changed() else checks
 
 
 def _columns(manifest: dict) -> tuple[str, str | None]:
