@@ -8,7 +8,7 @@ import pytest
 
 from packer.verify import kernels as K
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
-from packer.verify.structure import row_message
+from packer.verify.row_messages import row_message
 
 
 def make_row(pos=(0, 1, 2, 0, 1, 2, 3, 0, 1, 2), cu=(0, 3, 7, 10), index=(11, 12, 13)):
