@@ -141,7 +141,7 @@ def _token_loss(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]
     return float(ce), int((labels[1:] != IGNORE_INDEX).sum())
 
 
-class _NoDropout:
+class NoDropout:
     """Hold every dropout probability of the model at 0 (nn.Dropout modules and the float
     `attention_dropout` / `dropout` attributes attention layers read), restoring them after."""
 
@@ -213,7 +213,7 @@ def check_isolation(
             "start of its row cannot show a leak"
         )
     labels = batch["labels"]
-    with torch.no_grad(), _NoDropout(model):
+    with torch.no_grad(), NoDropout(model):
         packed = _logits(forward(model, _to(batch, device)))
         for i, (r, a, b) in enumerate(segments):
             j = i - next(k for k, seg in enumerate(segments) if seg[0] == r)  # within its row

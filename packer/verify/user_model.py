@@ -166,11 +166,11 @@ def run_user_model(
 
 def _control_leak(model, batch, model_inputs, torch) -> float:
     """How much the logits after the row's first sample move when the row is one sequence."""
-    from packer.torch.isolation import _NoDropout
+    from packer.torch.isolation import NoDropout
 
     first_end = int(batch["cu_seq_lens_q"][1])
     inputs = {k: v.to(model.device) if hasattr(v, "to") else v for k, v in batch.items()}
-    with torch.no_grad(), _NoDropout(model):
+    with torch.no_grad(), NoDropout(model):
         isolated = model(**model_inputs(inputs)).logits[0, first_end:].float()
         merged = (
             model(**model_inputs(inputs), attention_mask=torch.ones_like(inputs["input_ids"]))
