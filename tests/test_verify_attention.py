@@ -9,6 +9,7 @@ import torch
 
 from packer.errors import UsageError
 from packer.verify import attention as A
+from packer.verify import backends, forwards, picked_rows
 from packer.verify.result import CheckResult
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -60,19 +61,19 @@ def fake_varlen_unknown(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, 
 
 
 def test_varlen_call_form_from_signature():
-    assert A.varlen_call_form(fake_varlen_2_10) == "is_causal"
-    assert A.varlen_call_form(fake_varlen_2_11) == "window_size"
+    assert forwards.varlen_call_form(fake_varlen_2_10) == "is_causal"
+    assert forwards.varlen_call_form(fake_varlen_2_11) == "window_size"
     with pytest.raises(UsageError, match="neither window_size= nor is_causal="):
-        A.varlen_call_form(fake_varlen_unknown)
-    assert A.varlen_causal_kwargs("window_size") == {"window_size": (-1, 0)}
-    assert A.varlen_causal_kwargs("is_causal") == {"is_causal": True}
+        forwards.varlen_call_form(fake_varlen_unknown)
+    assert forwards.varlen_causal_kwargs("window_size") == {"window_size": (-1, 0)}
+    assert forwards.varlen_causal_kwargs("is_causal") == {"is_causal": True}
 
 
 def test_varlen_forward_passes_causal_in_each_form():
     q, k, v = (torch.full((5, 2, 8), float(i)) for i in range(3))
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
     fake_varlen_2_10.calls = []
-    fwd, call = A.make_varlen_forward(fake_varlen_2_10)
+    fwd, call = forwards.make_varlen_forward(fake_varlen_2_10)
     assert fwd(q, k, v, cu, np.int64(3)) is q
     [c] = fake_varlen_2_10.calls
     assert c["is_causal"] is True and c["cu_q"] is cu and c["cu_k"] is cu
@@ -80,7 +81,7 @@ def test_varlen_forward_passes_causal_in_each_form():
     assert "is_causal=True" in call
 
     fake_varlen_2_11.calls = []
-    fwd, call = A.make_varlen_forward(fake_varlen_2_11)
+    fwd, call = forwards.make_varlen_forward(fake_varlen_2_11)
     assert fwd(q, k, v, cu, 3) is k
     [c] = fake_varlen_2_11.calls
     assert c["window_size"] == (-1, 0)  # (-1, -1), the default, would not be causal
@@ -92,7 +93,7 @@ def test_installed_torch_varlen_signature_is_understood():
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         pytest.skip("this torch has no torch.nn.attention.varlen")
-    assert A.varlen_call_form(varlen_attn) in ("window_size", "is_causal")
+    assert forwards.varlen_call_form(varlen_attn) in ("window_size", "is_causal")
 
 
 def test_flash_attn_and_aten_adapters():
@@ -123,7 +124,7 @@ def test_flash_attn_and_aten_adapters():
 
     q = torch.zeros(3, 1, 8)
     cu = torch.tensor([0, 3], dtype=torch.int32)
-    fwd, _ = A.make_flash_attn_forward(flash_attn_varlen_func)
+    fwd, _ = forwards.make_flash_attn_forward(flash_attn_varlen_func)
     assert fwd(q, q, q + 1, cu, 3).sum() == 24
     assert seen == {
         "cu_q": cu,
@@ -138,7 +139,7 @@ def test_flash_attn_and_aten_adapters():
         seen.update(aten=(dropout_p, is_causal, return_debug_mask))
         return (v, None, None, None, None)
 
-    fwd, _ = A.make_aten_flash_forward(aten_op)
+    fwd, _ = forwards.make_aten_flash_forward(aten_op)
     assert fwd(q, q, q + 2, cu, 3).sum() == 48 and seen["aten"] == (0.0, True, False)
 
 
@@ -153,8 +154,8 @@ def test_adapters_pass_every_argument_in_place():
 
     q, k, v = (torch.full((4, 1, 8), float(i)) for i in range(3))
     cu = torch.tensor([0, 1, 4], dtype=torch.int32)
-    flash, flash_call = A.make_flash_attn_forward(record)
-    aten, aten_call = A.make_aten_flash_forward(record)
+    flash, flash_call = forwards.make_flash_attn_forward(record)
+    aten, aten_call = forwards.make_aten_flash_forward(record)
     assert flash(q, k, v, cu, np.int64(3)) is v and aten(q, k, v, cu, np.int64(3)) is v
     (f_args, f_kwargs), (a_args, a_kwargs) = calls
     assert f_args[:5] == (q, k, v, cu, cu) and f_args[5:] == (3, 3)
@@ -172,7 +173,7 @@ def test_adapters_pass_every_argument_in_place():
         calls.append(((query, key, value, cu_q, cu_k, max_q, max_k), {"window_size": window_size}))
         return value
 
-    fwd, call = A.make_varlen_forward(varlen)
+    fwd, call = forwards.make_varlen_forward(varlen)
     assert fwd(q, k, v, cu, np.int64(3)) is v
     [(args, kwargs)] = calls
     assert args[:5] == (q, k, v, cu, cu) and args[5:] == (3, 3) and type(args[6]) is int
@@ -183,16 +184,16 @@ def test_adapters_pass_every_argument_in_place():
 
 def test_unreadable_or_unknown_varlen_signatures():
     with pytest.raises(UsageError) as info:
-        A.varlen_call_form(object())  # no signature
+        forwards.varlen_call_form(object())  # no signature
     assert str(info.value) == "cannot read the signature of torch's varlen_attn"
     with pytest.raises(UsageError) as info:
-        A.varlen_call_form(fake_varlen_unknown)
+        forwards.varlen_call_form(fake_varlen_unknown)
     assert str(info.value) == (
         "torch's varlen_attn takes neither window_size= nor is_causal=; this torch version is "
         "not supported by --backend torch-varlen"
     )
     with pytest.raises(ValueError, match="^unknown varlen call form 'other'$"):
-        A.varlen_causal_kwargs("other")
+        forwards.varlen_causal_kwargs("other")
 
 
 # --------------------------------------------------------------------------------------------
@@ -200,38 +201,41 @@ def test_unreadable_or_unknown_varlen_signatures():
 
 
 def probes(**missing) -> dict:
-    found = {name: None for name in A.BACKENDS}
+    found = {name: None for name in backends.BACKENDS}
     found["_cuda"] = None
     found.update({k.replace("_", "-") if k != "_cuda" else k: v for k, v in missing.items()})
     return found
 
 
 def test_auto_takes_the_best_available():
-    assert A.select_backend("auto", probes()) == "flash-attn"
-    assert A.select_backend("auto", probes(flash_attn="no")) == "torch-varlen"
-    assert A.select_backend("auto", probes(flash_attn="no", torch_varlen="no")) == "flex"
+    assert backends.select_backend("auto", probes()) == "flash-attn"
+    assert backends.select_backend("auto", probes(flash_attn="no")) == "torch-varlen"
+    assert backends.select_backend("auto", probes(flash_attn="no", torch_varlen="no")) == "flex"
     cpu_only = probes(flash_attn="no", torch_varlen="no", _cuda="no CUDA GPU")
-    assert A.select_backend("auto", cpu_only) == "cpu"  # flex on a CPU runs unfused
-    assert A.select_backend("flex", cpu_only) == "flex"  # but can be asked for
-    assert A.select_backend("auto", probes(flash_attn="no", torch_varlen="no", flex="no")) == "cpu"
+    assert backends.select_backend("auto", cpu_only) == "cpu"  # flex on a CPU runs unfused
+    assert backends.select_backend("flex", cpu_only) == "flex"  # but can be asked for
+    assert (
+        backends.select_backend("auto", probes(flash_attn="no", torch_varlen="no", flex="no"))
+        == "cpu"
+    )
 
 
 def test_unavailable_or_unknown_backend_is_a_usage_error():
     with pytest.raises(UsageError, match="^backend torch-varlen cannot run here: needs GPU$"):
-        A.select_backend("torch-varlen", probes(torch_varlen="needs GPU"))
+        backends.select_backend("torch-varlen", probes(torch_varlen="needs GPU"))
     with pytest.raises(UsageError, match="^unknown backend 'cuda'"):
-        A.select_backend("cuda", probes())
+        backends.select_backend("cuda", probes())
 
 
 def test_probe_and_resolve_on_this_machine():
-    found = A.probe_backends()
+    found = backends.probe_backends()
     assert found["cpu"] is None
     if not torch.cuda.is_available():
         assert found["torch-varlen"] and "CUDA" in found["torch-varlen"]
-        backend, dtype = A.resolve("auto", None)
+        backend, dtype = backends.resolve("auto", None)
         assert (backend.name, backend.device, dtype) == ("cpu", "cpu", "fp32")
     with pytest.raises(UsageError, match="^unknown dtype 'fp8'"):
-        A.resolve("cpu", "fp8")
+        backends.resolve("cpu", "fp8")
 
 
 # --------------------------------------------------------------------------------------------
@@ -242,8 +246,8 @@ def test_cpu_and_flex_match_per_sample_runs():
     cu = torch.tensor([0, 5, 17, 40], dtype=torch.int32)
     ids = np.random.default_rng(0).integers(0, 10_000, 40)
     q, k, v = A.qkv_from_tokens(ids, seed=1, device="cpu", dtype=torch.float32)
-    cpu, _ = A.make_cpu_forward()
-    flex, call = A.make_flex_forward("cpu", compiled=False)
+    cpu, _ = forwards.make_cpu_forward()
+    flex, call = forwards.make_flex_forward("cpu", compiled=False)
     assert "flex_attention" in call
     packed_cpu = cpu(q, k, v, cu, 23)
     packed_flex = flex(q, k, v, cu, 23)
@@ -268,24 +272,24 @@ def test_qkv_is_seeded_and_token_derived():
 
 
 def test_alone_segments_come_from_positions():
-    assert A.alone_segments(np.array([0, 1, 2, 0, 1, 0])) == [(0, 3), (3, 5), (5, 6)]
-    assert A.alone_segments(np.array([4, 5, 0])) == [(0, 2), (2, 3)]
+    assert picked_rows.alone_segments(np.array([0, 1, 2, 0, 1, 0])) == [(0, 3), (3, 5), (5, 6)]
+    assert picked_rows.alone_segments(np.array([4, 5, 0])) == [(0, 2), (2, 3)]
 
 
 def test_pick_rows_prefers_rows_with_several_samples():
     cands = [(0, r, 1 if r % 3 else 4) for r in range(12)] + [(1, 0, 2)]
-    picked = A.pick_rows(cands, 3, seed=0)
+    picked = picked_rows.pick_rows(cands, 3, seed=0)
     assert len(picked) == 3 and all(p in {(0, 0), (0, 3), (0, 6), (0, 9), (1, 0)} for p in picked)
-    assert picked == A.pick_rows(cands, 3, seed=0) and picked == sorted(picked)
-    assert len(A.pick_rows(cands, 100, seed=0)) == 13
-    assert A.pick_rows(cands, None, seed=0) == [(s, r) for s, r, _ in cands]
+    assert picked == picked_rows.pick_rows(cands, 3, seed=0) and picked == sorted(picked)
+    assert len(picked_rows.pick_rows(cands, 100, seed=0)) == 13
+    assert picked_rows.pick_rows(cands, None, seed=0) == [(s, r) for s, r, _ in cands]
 
 
 # --------------------------------------------------------------------------------------------
 # The check fails when the kernel leaks, and when it cannot see a leak
 
 
-def make_rows() -> list[A.RowInput]:
+def make_rows() -> list[picked_rows.RowInput]:
     rng = np.random.default_rng(2)
     rows = []
     for r, lengths in enumerate([[7, 9, 4], [12, 3]]):
@@ -297,19 +301,19 @@ def make_rows() -> list[A.RowInput]:
             "sample_index": np.arange(len(lengths)) + 10 * r,
             "sample_offset": np.zeros(len(lengths), np.int32),
         }
-        rows.append(A.RowInput("shard-00000.arrow", r, data))
+        rows.append(picked_rows.RowInput("shard-00000.arrow", r, data))
     return rows
 
 
 def run(forward, name="fake", rows=None):
-    backend = A.Backend(name, "cpu", forward, "fake()", A.DTYPES)
+    backend = backends.Backend(name, "cpu", forward, "fake()", backends.DTYPES)
     iso, ctl = CheckResult("attention"), CheckResult("negative_control")
     A.run_attention(rows or make_rows(), backend, "fp32", 0, iso, ctl)
     return iso, ctl
 
 
 def test_isolating_kernel_passes_with_leak_in_report():
-    iso, ctl = run(A.make_cpu_forward()[0], "cpu")
+    iso, ctl = run(forwards.make_cpu_forward()[0], "cpu")
     assert iso.ok and ctl.ok
     assert iso.details["max_isolated_diff"] < 1e-6 and iso.details["samples"] == 5
     assert ctl.details["samples_measured"] == 3 and ctl.details["min_leak"] > 0.1
@@ -317,7 +321,7 @@ def test_isolating_kernel_passes_with_leak_in_report():
 
 
 def test_leaking_kernel_fails_isolation():
-    cpu = A.make_cpu_forward()[0]
+    cpu = forwards.make_cpu_forward()[0]
 
     def ignores_cu_seqlens(q, k, v, cu, max_seqlen):
         whole = torch.tensor([0, q.shape[0]], dtype=torch.int32)
@@ -344,7 +348,7 @@ def test_blind_check_fails_the_negative_control():
 
 def test_control_uses_joined_samples_when_no_row_has_two():
     rows = [
-        A.RowInput(
+        picked_rows.RowInput(
             "s",
             i,
             {
@@ -357,7 +361,7 @@ def test_control_uses_joined_samples_when_no_row_has_two():
         )
         for i in range(2)
     ]
-    iso, ctl = run(A.make_cpu_forward()[0], "cpu", rows)
+    iso, ctl = run(forwards.make_cpu_forward()[0], "cpu", rows)
     assert ctl.ok and ctl.details["synthetic"] and ctl.details["min_leak"] > 0.1
 
 
@@ -374,7 +378,7 @@ def _joined_leak(first: np.ndarray, second: np.ndarray, seed: int = 0) -> float:
 
 def test_synthetic_control_joins_the_first_two_rows():
     rows = [
-        A.RowInput(
+        picked_rows.RowInput(
             "s",
             i,
             {
@@ -387,19 +391,19 @@ def test_synthetic_control_joins_the_first_two_rows():
         )
         for i in range(3)
     ]
-    _, ctl = run(A.make_cpu_forward()[0], "cpu", rows)
+    _, ctl = run(forwards.make_cpu_forward()[0], "cpu", rows)
     want = _joined_leak(rows[0].data["input_ids"], rows[1].data["input_ids"])
     assert abs(ctl.details["min_leak"] - want) < 1e-6 and want > 0.1
     assert ctl.details["samples_measured"] == 1
     # with one row, it is joined with itself reversed
-    _, ctl = run(A.make_cpu_forward()[0], "cpu", rows[2:])
+    _, ctl = run(forwards.make_cpu_forward()[0], "cpu", rows[2:])
     ids = rows[2].data["input_ids"]
     assert abs(ctl.details["min_leak"] - _joined_leak(ids, ids[::-1].copy())) < 1e-6
 
 
 def test_blind_kernel_fails_the_synthetic_control():
     rows = [
-        A.RowInput(
+        picked_rows.RowInput(
             "s",
             i,
             {
@@ -424,7 +428,7 @@ def test_blind_kernel_fails_the_synthetic_control():
 
 def test_no_rows_means_not_run():
     iso, ctl = CheckResult("attention"), CheckResult("negative_control")
-    backend = A.Backend("cpu", "cpu", A.make_cpu_forward()[0], "x", A.DTYPES)
+    backend = backends.Backend("cpu", "cpu", forwards.make_cpu_forward()[0], "x", backends.DTYPES)
     A.run_attention([], backend, "fp32", 0, iso, ctl)
     for check in (iso, ctl):
         assert check.ran is False and check.skipped_reason == "no usable row to run"
@@ -443,7 +447,9 @@ def test_qkv_are_three_different_table_slices():
 # The references hold callers to the varlen kernels' contract
 
 
-@pytest.mark.parametrize("make", [A.make_cpu_forward, lambda: A.make_flex_forward("cpu", False)])
+@pytest.mark.parametrize(
+    "make", [forwards.make_cpu_forward, lambda: forwards.make_flex_forward("cpu", False)]
+)
 @pytest.mark.parametrize(
     ("cu", "max_seqlen", "error"),
     [

@@ -60,11 +60,11 @@ def structural(cli, out: Path, *args: str) -> tuple[int, dict]:
 def test_non_causal_kernel_is_caught_by_the_fp32_reference(cli, packed, monkeypatch):
     import torch.nn.functional as F
 
-    from packer.verify import attention as A
+    from packer.verify import backends, forwards
 
     def make_non_causal_forward():
         def forward(q, k, v, cu, max_seqlen):
-            doc = A.segment_ids(cu, q.shape[0])
+            doc = forwards.segment_ids(cu, q.shape[0])
             mask = doc[:, None] == doc[None, :]  # within the segment, but both directions
             out = F.scaled_dot_product_attention(
                 q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
@@ -73,7 +73,7 @@ def test_non_causal_kernel_is_caught_by_the_fp32_reference(cli, packed, monkeypa
 
         return forward, "planted: block-diagonal, not causal"
 
-    monkeypatch.setattr(A, "make_cpu_forward", make_non_causal_forward)
+    monkeypatch.setattr(backends, "make_cpu_forward", make_non_causal_forward)
     code, report = run_verify(cli, packed[0], "--rows", "2")
     assert code == 1
     att = report["checks"]["attention"]

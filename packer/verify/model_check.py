@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from packer.verify.attention import RowInput, _failure, _label, alone_segments
+from packer.verify.picked_rows import RowInput, alone_segments, sample_failure, sample_label
 from packer.verify.result import CheckResult
 
 LOSS_TOLERANCE = 1e-4  # per-sample mean loss, fp32
@@ -41,6 +42,99 @@ def _token_losses(logits, labels):
         )
         out[1:] = ce.double()
     return out
+
+
+def _as_long(values):
+    import torch
+
+    return torch.from_numpy(np.asarray(values, dtype=np.int64))
+
+
+@dataclass
+class _ModelRun:
+    """The tiny model over the picked rows: where it reports, and what it measured so far."""
+
+    model: object
+    result: CheckResult
+    loss_max: float = 0.0
+    logits_max: float = 0.0
+    leaks: list[float] = field(default_factory=list)
+    samples: int = 0
+
+    def logits(self, ids, positions, mask=None):
+        """One forward as a training step makes it: no cache, so nothing carries over."""
+        model = self.model
+        return model(ids, position_ids=positions, attention_mask=mask, use_cache=False).logits[0]
+
+    def row(self, item: RowInput) -> None:
+        """The row under its block-diagonal causal mask and under a plain causal one (the
+        control), then each of its samples alone."""
+        import torch
+
+        row = item.data
+        ids, labels = _as_long(row["input_ids"])[None], _as_long(row["labels"])
+        pos, cu = _as_long(row["position_ids"])[None], _as_long(row["cu_seqlens"])
+        n = ids.shape[1]
+        doc = torch.searchsorted(cu[1:].contiguous(), torch.arange(n), right=True)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        block = (doc[:, None] == doc[None, :]) & causal
+        packed = self.logits(ids, pos, block[None, None])
+        leaky = self.logits(ids, pos, causal[None, None])
+        packed_loss = _token_losses(packed, labels)
+        for j, (a, b) in enumerate(alone_segments(row["position_ids"])):
+            self.sample(item, j, (a, b), ids, labels, (packed, packed_loss, leaky))
+
+    def sample(self, item: RowInput, j: int, span: tuple[int, int], ids, labels, runs) -> None:
+        """Sample j of the row (tokens a..b-1) alone vs packed: its targets, mean loss and
+        logits; and, after the row's first sample, that the plain causal run differs."""
+        import torch
+
+        (a, b), (packed, packed_loss, leaky) = span, runs
+        result = self.result
+        self.samples += 1
+        alone = self.logits(ids[:, a:b], torch.arange(b - a)[None])
+        alone_loss = _token_losses(alone, labels[a:b])
+        n_packed = int((labels[a:b] != -100).sum())
+        n_alone = int((labels[a + 1 : b] != -100).sum())
+        # the mean over the sample's targets, as a trainer normalizes it
+        mean_packed = float(packed_loss[a:b].sum()) / max(n_packed, 1)
+        mean_alone = float(alone_loss.sum()) / max(n_alone, 1)
+        d_loss = abs(mean_packed - mean_alone)
+        d_logits = float((packed[a:b] - alone).abs().max())
+        self.loss_max, self.logits_max = max(self.loss_max, d_loss), max(self.logits_max, d_logits)
+        label = sample_label(item.shard, item.row, item.data, a, b, j)
+        if n_packed != n_alone:
+            result.fail(
+                sample_failure(
+                    item,
+                    label,
+                    f"the packed row trains {n_packed} targets of this "
+                    f"sample, alone it has {n_alone}: its first token is the target of the "
+                    "previous sample's last token",
+                )
+            )
+        elif d_loss > LOSS_TOLERANCE or d_logits > LOGITS_TOLERANCE:
+            result.fail(
+                sample_failure(
+                    item,
+                    label,
+                    f"the tiny model's loss differs by {d_loss:.3g} and its "
+                    f"logits by {d_logits:.3g} between the packed row and the sample alone "
+                    f"(tolerance {LOSS_TOLERANCE:g})",
+                )
+            )
+        if j > 0:
+            leak = float((leaky[a:b] - alone).abs().max())
+            self.leaks.append(leak)
+            if leak <= LEAK_FACTOR * LOGITS_TOLERANCE:
+                result.fail(
+                    sample_failure(
+                        item,
+                        label,
+                        f"under a plain causal mask the logits change by "
+                        f"only {leak:.3g}: the model check could not see a leak here",
+                    )
+                )
 
 
 def run_model_check(
@@ -64,86 +158,23 @@ def run_model_check(
     )
     longest = max(len(r.data["input_ids"]) for r in rows)
     model = build_tiny_model(seed, vocab_size=vocab, max_positions=max(longest, 16))
-    loss_max = logits_max = 0.0
-    leaks: list[float] = []
-    samples = 0
-
-    def as_long(values):
-        return torch.from_numpy(np.asarray(values, dtype=np.int64))
-
-    def logits(ids, positions, mask=None):
-        """One forward as a training step makes it: no cache, so nothing carries over."""
-        return model(ids, position_ids=positions, attention_mask=mask, use_cache=False).logits[0]
-
+    run = _ModelRun(model, result)
     if on_row:
         on_row(0, len(rows))
     with torch.inference_mode():
         for done, item in enumerate(rows, 1):
-            row = item.data
-            ids, labels = as_long(row["input_ids"])[None], as_long(row["labels"])
-            pos, cu = as_long(row["position_ids"])[None], as_long(row["cu_seqlens"])
-            n = ids.shape[1]
-            doc = torch.searchsorted(cu[1:].contiguous(), torch.arange(n), right=True)
-            causal = torch.ones(n, n, dtype=torch.bool).tril()
-            block = (doc[:, None] == doc[None, :]) & causal
-            packed = logits(ids, pos, block[None, None])
-            leaky = logits(ids, pos, causal[None, None])
-            packed_loss = _token_losses(packed, labels)
-            for j, (a, b) in enumerate(alone_segments(row["position_ids"])):
-                samples += 1
-                alone = logits(ids[:, a:b], torch.arange(b - a)[None])
-                alone_loss = _token_losses(alone, labels[a:b])
-                n_packed = int((labels[a:b] != -100).sum())
-                n_alone = int((labels[a + 1 : b] != -100).sum())
-                # the mean over the sample's targets, as a trainer normalizes it
-                mean_packed = float(packed_loss[a:b].sum()) / max(n_packed, 1)
-                mean_alone = float(alone_loss.sum()) / max(n_alone, 1)
-                d_loss = abs(mean_packed - mean_alone)
-                d_logits = float((packed[a:b] - alone).abs().max())
-                loss_max, logits_max = max(loss_max, d_loss), max(logits_max, d_logits)
-                label = _label(item.shard, item.row, row, a, b, j)
-                if n_packed != n_alone:
-                    result.fail(
-                        _failure(
-                            item,
-                            label,
-                            f"the packed row trains {n_packed} targets of this "
-                            f"sample, alone it has {n_alone}: its first token is the target of the "
-                            "previous sample's last token",
-                        )
-                    )
-                elif d_loss > LOSS_TOLERANCE or d_logits > LOGITS_TOLERANCE:
-                    result.fail(
-                        _failure(
-                            item,
-                            label,
-                            f"the tiny model's loss differs by {d_loss:.3g} and its "
-                            f"logits by {d_logits:.3g} between the packed row and the sample alone "
-                            f"(tolerance {LOSS_TOLERANCE:g})",
-                        )
-                    )
-                if j > 0:
-                    leak = float((leaky[a:b] - alone).abs().max())
-                    leaks.append(leak)
-                    if leak <= LEAK_FACTOR * LOGITS_TOLERANCE:
-                        result.fail(
-                            _failure(
-                                item,
-                                label,
-                                f"under a plain causal mask the logits change by "
-                                f"only {leak:.3g}: the model check could not see a leak here",
-                            )
-                        )
+            run.row(item)
             if on_row:
                 on_row(done, len(rows))
+    leaks = run.leaks
     result.details.update(
         {
             "model": f"LlamaForCausalLM, 2 layers, hidden 64, vocab {vocab}, random (seed {seed})",
             "attention": "sdpa, explicit 4-D block-diagonal causal mask from cu_seqlens, fp32",
             "rows": len(rows),
-            "samples": samples,
-            "max_loss_diff": loss_max,
-            "max_logits_diff": logits_max,
+            "samples": run.samples,
+            "max_loss_diff": run.loss_max,
+            "max_logits_diff": run.logits_max,
             "tolerance": LOSS_TOLERANCE,
             "control_min_logits_leak": min(leaks) if leaks else None,
             "control_max_logits_leak": max(leaks) if leaks else None,

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from packer.errors import UsageError, option
-from packer.verify.attention import RowInput, _failure, _label
+from packer.verify.picked_rows import RowInput, sample_failure, sample_label
 from packer.verify.result import CheckResult, Failure
 
 LEAK_FACTOR = 2.0  # the 2D-mask leak must stand clear of the tolerance
@@ -125,8 +125,8 @@ def run_user_model(
         loss_max = max(loss_max, report.max_loss_diff)
         for (_, j, a, b_last), message in zip(report.failed_at, report.failures):
             text = message.split(": ", 1)[1]
-            label = _label(item.shard, item.row, item.data, a, b_last + 1, j)
-            result.fail(_failure(item, label, text))
+            label = sample_label(item.shard, item.row, item.data, a, b_last + 1, j)
+            result.fail(sample_failure(item, label, text))
         leaks.append(_control_leak(model, batch, model_inputs, torch))
         if leaks[-1] <= LEAK_FACTOR * tol:
             result.fail(

@@ -1,0 +1,160 @@
+"""Every attention backend as one causal varlen `forward(q, k, v, cu_seqlens, max_seqlen)`.
+
+Each kernel has its own signature (flash-attn, torch's `varlen_attn` in two call forms, the
+private aten op before torch 2.10); the adapters here make them one call over `(T, H, D)` tensors,
+causal within the segments of `cu_seqlens`. They are plain functions, tested on the CPU with fake
+kernels. The CPU and FlexAttention forwards mask a dense attention by segment instead, and check
+the varlen contract a real kernel would rely on. Torch is imported inside the functions only.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from packer.errors import UsageError
+
+Forward = Callable  # (q, k, v, cu_seqlens int32, max_seqlen int) -> (T, H, D)
+
+
+def varlen_call_form(fn: Callable) -> str:
+    """How torch's `varlen_attn` asks for causal masking: 'window_size' (2.11+) or 'is_causal'
+    (2.10), read from its signature."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        raise UsageError("cannot read the signature of torch's varlen_attn") from None
+    if "window_size" in params:
+        return "window_size"
+    if "is_causal" in params:
+        return "is_causal"
+    raise UsageError(
+        "torch's varlen_attn takes neither window_size= nor is_causal=; this torch "
+        "version is not supported by --backend torch-varlen"
+    )
+
+
+def varlen_causal_kwargs(form: str) -> dict:
+    """Keyword arguments that make `varlen_attn` causal in the given call form."""
+    if form == "window_size":
+        return {"window_size": (-1, 0)}  # no limit to the left, nothing to the right
+    if form == "is_causal":
+        return {"is_causal": True}
+    raise ValueError(f"unknown varlen call form {form!r}")
+
+
+def make_varlen_forward(fn: Callable) -> tuple[Forward, str]:
+    form = varlen_call_form(fn)
+    kwargs = varlen_causal_kwargs(form)
+
+    def forward(q, k, v, cu, max_seqlen):
+        return fn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), **kwargs)
+
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+    return forward, f"torch.nn.attention.varlen.varlen_attn(q, k, v, cu, cu, max, max, {shown})"
+
+
+def make_aten_flash_forward(op: Callable) -> tuple[Forward, str]:
+    """Torch before 2.10: the private `aten._flash_attention_forward` (output is item 0)."""
+
+    def forward(q, k, v, cu, max_seqlen):
+        return op(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), 0.0, True, False)[0]
+
+    return forward, "torch.ops.aten._flash_attention_forward(..., dropout_p=0.0, is_causal=True)"
+
+
+def make_flash_attn_forward(fn: Callable) -> tuple[Forward, str]:
+    def forward(q, k, v, cu, max_seqlen):
+        return fn(
+            q,
+            k,
+            v,
+            cu,
+            cu,
+            int(max_seqlen),
+            int(max_seqlen),
+            dropout_p=0.0,
+            softmax_scale=None,
+            causal=True,
+        )
+
+    return forward, "flash_attn.flash_attn_varlen_func(..., dropout_p=0.0, causal=True)"
+
+
+def segment_ids(cu, length: int):
+    """Document id of every token position, from cu_seqlens (a torch tensor)."""
+    import torch
+
+    positions = torch.arange(length, device=cu.device, dtype=cu.dtype)
+    return torch.searchsorted(cu[1:].contiguous(), positions, right=True)
+
+
+def block_causal_mask(cu, length: int):
+    """Boolean (T, T) mask: True where query i may attend key j (same segment, j <= i)."""
+    import torch
+
+    doc = segment_ids(cu, length)
+    causal = torch.ones(length, length, dtype=torch.bool, device=cu.device).tril()
+    return (doc[:, None] == doc[None, :]) & causal
+
+
+def check_varlen_call(q, cu, max_seqlen) -> None:
+    """The varlen kernels' contract, enforced by the masked references that stand in for them
+    on a CPU: int32 `cu_seqlens` from 0 to the token count, and `max_seqlen` the longest
+    segment. flash-attn refuses int64 offsets and reads past a segment longer than
+    `max_seqlen` silently, so a caller that gets these wrong must fail here, not on a GPU."""
+    import torch
+
+    n = q.shape[0]
+    if cu.dtype != torch.int32 or cu.dim() != 1 or cu.device != q.device:
+        raise ValueError(f"cu_seqlens must be 1-D int32 on {q.device}, got {cu.dtype} {cu.device}")
+    if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != n or bool((cu[1:] < cu[:-1]).any()):
+        raise ValueError(f"cu_seqlens must rise from 0 to {n}, got {cu.tolist()}")
+    longest = int((cu[1:] - cu[:-1]).max())
+    if max_seqlen != longest:
+        raise ValueError(f"max_seqlen is {max_seqlen} but the longest segment has {longest} tokens")
+
+
+def make_cpu_forward() -> tuple[Forward, str]:
+    import torch.nn.functional as F
+
+    def forward(q, k, v, cu, max_seqlen):
+        check_varlen_call(q, cu, max_seqlen)
+        mask = block_causal_mask(cu, q.shape[0])
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+        )
+        return out.transpose(0, 1)
+
+    return forward, "scaled_dot_product_attention(attn_mask=block-diagonal causal)"
+
+
+def make_flex_forward(device: str, compiled: bool) -> tuple[Forward, str]:
+    import warnings
+
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    kernel = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
+
+    def forward(q, k, v, cu, max_seqlen):
+        check_varlen_call(q, cu, max_seqlen)
+        length = q.shape[0]
+        doc = segment_ids(cu, length)
+
+        def document_causal(b, h, qi, ki):
+            return (doc[qi] == doc[ki]) & (qi >= ki)
+
+        mask = create_block_mask(document_causal, None, None, length, length, device=device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager flex on CPU warns that it is unfused
+            out = kernel(
+                q.transpose(0, 1)[None],
+                k.transpose(0, 1)[None],
+                v.transpose(0, 1)[None],
+                block_mask=mask,
+            )
+        return out[0].transpose(0, 1)
+
+    how = "compiled" if compiled else "eager"
+    return forward, f"flex_attention(block_mask=create_block_mask(document causal), {how})"
