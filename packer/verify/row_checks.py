@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packer.contract.shards import ShardArrays
 from packer.verify import kernels as K
 from packer.verify.result import CheckResult
 from packer.verify.row_messages import row_message
-from packer.verify.shards import ShardArrays
 
 
 @dataclass
