@@ -59,7 +59,7 @@ from packer.version import __version__
 from packer.write.commit import fsync_dir, os_reason, pid_alive
 from packer.write.gather import Buffers, shard_sizes
 from packer.write.shard_file import shard_batch
-from packer.write.shards import batch_bounds, gather_batch, write_shards
+from packer.write.shards import ShardFiles, batch_bounds, gather_batch, write_shards
 
 SCHEMA_WITH_LENGTHS = SCHEMA.append(pa.field("seq_lengths", pa.list_(pa.int32())))
 CACHE_PREFIX = "cache-packer-"  # datasets' `cleanup_cache_files` removes `cache-*.arrow`
@@ -423,12 +423,14 @@ def _write_file(
             path.parent,
             workers=workers,
             names=lambda _: tmp.name,
-            schema=SCHEMA_WITH_LENGTHS,
-            batch=_packed_batch,
-            one_file=True,
-            sync_bytes=SYNC_BYTES,
-            hashed=False,
-            direct=True,
+            files=ShardFiles(
+                schema=SCHEMA_WITH_LENGTHS,
+                batch=_packed_batch,
+                one_file=True,
+                sync_bytes=SYNC_BYTES,
+                hashed=False,
+                direct=True,
+            ),
         )
         with deferred_signals():
             os.replace(tmp, path)

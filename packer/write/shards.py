@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -162,26 +163,11 @@ def open_shard(
     return ShardWriter(path, algorithm, schema, direct)
 
 
-def write_shards(
-    samples: Samples,
-    segs: Segments,
-    pl: Plan,
-    cfg: PackConfig,
-    out_dir: Path,
-    progress: Progress | None = None,
-    workers: int | None = None,
-    names: Callable[[int], str] | None = None,
-    *,
-    schema: pa.Schema = SCHEMA,
-    batch: BatchOf = shard_batch,
-    one_file: bool = False,
-    sync_bytes: int | None = None,
-    hashed: bool = True,
-    direct: bool = False,
-) -> list[dict]:
-    """Write every shard of the plan into `out_dir`; return their manifest entries in order.
+@dataclass(frozen=True)
+class ShardFiles:
+    """Which files `write_shards` writes, and how. The default (`SHARDS`) is `packer pack`'s:
+    one hashed file per shard, with the shards' columns, written through the page cache.
 
-    names: the file name of shard i (default `shard-00000.arrow`, ...).
     schema, batch: the files' schema and the record batch of a filled buffer (the shards'
     columns by default; `pack_dataset` adds `seq_lengths`).
     one_file: every record batch goes into one file, `names(0)`, written even when the plan has
@@ -196,74 +182,146 @@ def write_shards(
     nothing to flush or drop as the files grow, so `sync_bytes` and the kept headers do not
     apply; each file is still synced once complete.
     """
-    algorithm = cfg.hash if hashed else None
+
+    schema: pa.Schema = SCHEMA
+    batch: BatchOf = shard_batch
+    one_file: bool = False
+    sync_bytes: int | None = None
+    hashed: bool = True
+    direct: bool = False
+
+
+SHARDS = ShardFiles()
+
+
+def write_shards(
+    samples: Samples,
+    segs: Segments,
+    pl: Plan,
+    cfg: PackConfig,
+    out_dir: Path,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    names: Callable[[int], str] | None = None,
+    *,
+    files: ShardFiles = SHARDS,
+) -> list[dict]:
+    """Write every shard of the plan into `out_dir`; return their manifest entries in order.
+
+    names: the file name of shard i (default `shard-00000.arrow`, ...).
+    files: which files, and how (`ShardFiles`; by default the shards of `packer pack`).
+    """
     bounds = batch_bounds(pl, cfg)
-    if one_file:
+    if files.one_file:
         bounds = [(0, a, b) for _, a, b in bounds]
         if not bounds:
-            writer = open_shard(
-                out_dir / (names(0) if names else "shard-00000.arrow"), algorithm, schema, direct
-            )
-            try:
-                entry = writer.close()
-            except BaseException:
-                writer.abort()
-                raise
-            fsync_file(writer.path, drop_cache=True)
-            return [entry]
-    num_shards = bounds[-1][0] + 1 if bounds else 0
-    width = max(5, len(str(num_shards)))
+            name = names(0) if names else "shard-00000.arrow"
+            return [_empty_file(out_dir / name, cfg, files)]
     workers = workers or default_workers()
     # the main thread gathers, one thread writes; around the page cache writing costs little
     # CPU, so more threads gather (batch k on thread k % gatherers) and the cores stay busy
-    gatherers = min(workers, len(bounds)) if direct and workers > 1 else 1
+    gatherers = min(workers, len(bounds)) if files.direct and workers > 1 else 1
     n_buffers = gatherers + 1 if workers > 1 and len(bounds) > 1 else 1
     sizes = allocation(pl, segs, cfg, bounds)
     buffers = [Buffers.allocate(*sizes) for _ in range(n_buffers)]
-    entries: list[dict] = []
-    syncs: list[Future] = []
-    # touched by the writer thread only; after a failure, batches still queued do nothing
-    state: dict = {"shard": -1, "writer": None, "failed": False, "synced": 0, "heads": []}
-    pending: list[tuple[Future, int] | None] = [None] * n_buffers
-    done_rows = [0]
+    out = _Output(out_dir, names, bounds, cfg, files)
+    _gather_and_write(samples, segs, pl, cfg, out, buffers, gatherers, progress)
+    return out.entries
 
-    def write(k: int, buf: Buffers, rows: int, tokens: int, cu_entries: int) -> None:
-        if state["failed"]:
+
+def _empty_file(path: Path, cfg: PackConfig, files: ShardFiles) -> dict:
+    """The one file of a plan with no rows: its schema and end mark, synced."""
+    algorithm = cfg.hash if files.hashed else None
+    writer = open_shard(path, algorithm, files.schema, files.direct)
+    try:
+        entry = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    fsync_file(writer.path, drop_cache=True)
+    return entry
+
+
+class _Output:
+    """The writer thread's side of `write_shards`: the file being written, the manifest entries
+    of those complete and their syncs (on `syncer`). Touched by the writer thread only; after
+    a failure, batches still queued do nothing."""
+
+    def __init__(self, out_dir: Path, names, bounds, cfg: PackConfig, files: ShardFiles):
+        num_shards = bounds[-1][0] + 1 if bounds else 0
+        self.width = max(5, len(str(num_shards)))
+        self.out_dir, self.names, self.bounds, self.files = out_dir, names, bounds, files
+        self.algorithm = cfg.hash if files.hashed else None
+        self.syncer: ThreadPoolExecutor | None = None
+        self.entries: list[dict] = []
+        self.syncs: list[Future] = []
+        self.shard = -1
+        self.writer: ShardWriter | None = None
+        self.failed = False
+        self.synced = 0
+        self.heads: list[int] = []
+
+    def write(self, k: int, buf: Buffers, rows: int, tokens: int, cu_entries: int) -> None:
+        if self.failed:
             return
+        files = self.files
         try:
-            shard, _, _ = bounds[k]
-            if state["shard"] != shard:
-                name = names(shard) if names else f"shard-{shard:0{width}d}.arrow"
-                writer = open_shard(out_dir / name, algorithm, schema, direct)
-                state["shard"], state["writer"], state["synced"] = shard, writer, 0
-                state["heads"] = [0] if one_file else []  # the schema message
-            writer = state["writer"]
-            if one_file:
-                state["heads"].append(writer.bytes)
+            shard, _, _ = self.bounds[k]
+            if self.shard != shard:
+                name = self.names(shard) if self.names else f"shard-{shard:0{self.width}d}.arrow"
+                writer = open_shard(self.out_dir / name, self.algorithm, files.schema, files.direct)
+                self.shard, self.writer, self.synced = shard, writer, 0
+                self.heads = [0] if files.one_file else []  # the schema message
+            writer = self.writer
+            if files.one_file:
+                self.heads.append(writer.bytes)
             writer.add(
-                batch(buf, rows, tokens, cu_entries),
+                files.batch(buf, rows, tokens, cu_entries),
                 tokens,
                 int(buf.sample_row_offsets[rows]),
                 int(buf.loss[:rows].sum()),
             )
-            if k + 1 == len(bounds) or bounds[k + 1][0] != shard:
-                state["writer"] = None
-                entries.append(writer.close())
-                heads = state["heads"] + ([max(0, writer.bytes - KEEP_BYTES)] if one_file else [])
-                syncs.append(syncer.submit(fsync_file, writer.path, True, heads))  # + end mark
-            elif sync_bytes and not writer.direct and writer.bytes - state["synced"] >= sync_bytes:
-                state["synced"] = writer.bytes
-                syncs.append(syncer.submit(fsync_file, writer.path, True, list(state["heads"])))
+            if k + 1 == len(self.bounds) or self.bounds[k + 1][0] != shard:
+                self.writer = None
+                self.entries.append(writer.close())
+                end = [max(0, writer.bytes - KEEP_BYTES)] if files.one_file else []
+                heads = self.heads + end  # + end mark
+                self.syncs.append(self.syncer.submit(fsync_file, writer.path, True, heads))
+            elif (
+                files.sync_bytes
+                and not writer.direct
+                and writer.bytes - self.synced >= files.sync_bytes
+            ):
+                self.synced = writer.bytes
+                heads = list(self.heads)
+                self.syncs.append(self.syncer.submit(fsync_file, writer.path, True, heads))
         except BaseException:
-            state["failed"] = True
-            if state["writer"] is not None:
-                state["writer"].abort()
-                state["writer"] = None
+            self.failed = True
+            if self.writer is not None:
+                self.writer.abort()
+                self.writer = None
             raise
 
-    def write_gathered(k: int, buf: Buffers, rows: int, gathered: Future) -> None:
+    def write_gathered(self, k: int, buf: Buffers, rows: int, gathered: Future) -> None:
         tokens, cu_entries = gathered.result()
-        write(k, buf, rows, tokens, cu_entries)
+        self.write(k, buf, rows, tokens, cu_entries)
+
+
+def _gather_and_write(
+    samples: Samples,
+    segs: Segments,
+    pl: Plan,
+    cfg: PackConfig,
+    out: _Output,
+    buffers: list[Buffers],
+    gatherers: int,
+    progress: Progress | None,
+) -> None:
+    """Gather batch k into buffer k % len(buffers) (on the main thread, or on helper k %
+    gatherers), and write it on the writer thread, in order."""
+    bounds, n_buffers = out.bounds, len(buffers)
+    pending: list[tuple[Future, int] | None] = [None] * n_buffers
+    done_rows = [0]
 
     def finish(future: Future, rows: int) -> None:
         future.result()
@@ -279,6 +337,7 @@ def write_shards(
         ThreadPoolExecutor(max_workers=1) as syncer,
         ThreadPoolExecutor(max_workers=max(1, gatherers - 1)) as helpers,
     ):
+        out.syncer = syncer
         try:
             for k, (_, a, b) in enumerate(bounds):
                 slot = k % n_buffers
@@ -288,10 +347,10 @@ def write_shards(
                 buf = buffers[slot]
                 if k % gatherers:  # batch 0 first on this thread: `_sources` is built once
                     gathered = helpers.submit(gather_batch, samples, segs, pl, cfg, a, b, buf)
-                    future = pool.submit(write_gathered, k, buf, b - a, gathered)
+                    future = pool.submit(out.write_gathered, k, buf, b - a, gathered)
                 else:
                     tokens, cu_entries = gather_batch(samples, segs, pl, cfg, a, b, buf)
-                    future = pool.submit(write, k, buf, b - a, tokens, cu_entries)
+                    future = pool.submit(out.write, k, buf, b - a, tokens, cu_entries)
                 if n_buffers == 1:
                     finish(future, b - a)
                 else:
@@ -300,14 +359,13 @@ def write_shards(
                 if pending[k % n_buffers] is not None:
                     finish(*pending[k % n_buffers])
                     pending[k % n_buffers] = None
-            for future in syncs:
+            for future in out.syncs:
                 future.result()
         except BaseException:
-            state["failed"] = True  # queued writes return at once
+            out.failed = True  # queued writes return at once
             helpers.shutdown(wait=True, cancel_futures=True)
             pool.shutdown(wait=True)
             syncer.shutdown(wait=True, cancel_futures=True)  # the directory is discarded anyway
-            if state["writer"] is not None:
-                state["writer"].abort()
+            if out.writer is not None:
+                out.writer.abort()
             raise
-    return entries
