@@ -13,11 +13,11 @@ from packer.version import __version__
 # public name -> the module that defines it
 _PUBLIC = {
     "PackConfig": "packer.config",
-    "PackResult": "packer.pipeline",
+    "PackResult": "packer.pipelines.result",
     "PackedInputError": "packer.contract.outputs",
     "Plan": "packer.planning.strategies",
     "lower_bound": "packer.planning.strategies",
-    "pack": "packer.pipeline",
+    "pack": "packer.pipelines.pack",
     "pack_dataset": "packer.in_memory",
     "plan": "packer.planning.strategies",
     "read_manifest": "packer.contract.manifest",

@@ -14,7 +14,7 @@ import pytest
 from conftest import make_samples, read_shards, to_table, write_jsonl
 
 from packer.config import PackConfig
-from packer.engines.blocks import block_seed, tail_rows
+from packer.pipelines.block_task import block_seed, tail_rows
 from packer.planning.strategies import plan
 from packer.read.blocks import scan_file
 
@@ -177,7 +177,7 @@ def test_import_and_local_engine_never_import_ray(tmp_path):
 
 def test_tails_of_block_groups_are_planned_apart(cli, tmp_path, monkeypatch):
     """With groups of 4 blocks, each tail shard only reads its group's spills; all is packed."""
-    import packer.engines.blocks
+    import packer.pipelines.block_tail
 
     samples = make_samples(500, seed=4, median=50)
     write_jsonl(tmp_path / "a.jsonl", samples)
@@ -185,7 +185,7 @@ def test_tails_of_block_groups_are_planned_apart(cli, tmp_path, monkeypatch):
     r = cli("pack", tmp_path / "a.jsonl", "-o", tmp_path / "all", *args, "--json")
     assert r.exit_code == 0, r.output
     together = json.loads(r.stdout)
-    monkeypatch.setattr(packer.engines.blocks, "TAIL_GROUP", 4)
+    monkeypatch.setattr(packer.pipelines.block_tail, "TAIL_GROUP", 4)
     r = cli("pack", tmp_path / "a.jsonl", "-o", tmp_path / "grouped", *args, "--json")
     assert r.exit_code == 0, r.output
     grouped = json.loads(r.stdout)

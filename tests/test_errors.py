@@ -621,12 +621,12 @@ def test_full_disk_while_writing_shards(
 
 
 def test_full_disk_while_writing_the_manifest(cli, tmp_path, dataset, monkeypatch):
-    import packer.pipeline
+    import packer.write.commit
 
     def dump(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(packer.pipeline.json, "dump", dump)
+    monkeypatch.setattr(packer.write.commit.json, "dump", dump)
     result = cli("pack", dataset, "-o", tmp_path / "o", "-L", "256")
     assert result.exit_code == 1 and "No space left on device" in result.stderr
     assert not (tmp_path / "o").exists() and leftovers(tmp_path) == []

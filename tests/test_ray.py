@@ -160,8 +160,8 @@ def test_each_block_task_reserves_what_its_blocks_need():
     """A block task reserves its largest block's decoded table and flat copy plus the gather
     buffers, never more than `--memory-budget` (which a block task cannot exceed)."""
     from packer.arguments import parse_size
-    from packer.engines.blocks import block_memory
     from packer.engines.ray import MAX_RETRIES, task_options
+    from packer.pipelines.blocks import block_memory
     from packer.read.blocks import BlockSpec
     from packer.write.shards import BATCH_TOKENS
 

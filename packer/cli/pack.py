@@ -160,7 +160,7 @@ def pack(
     from packer.cli.render import pack_table, progress_bars, split_note, stderr
     from packer.config import build_config
     from packer.interrupts import sigterm_as_interrupt
-    from packer.pipeline import pack as run_pack
+    from packer.pipelines.pack import pack as run_pack
 
     with user_errors(debug):
         cfg = build_config(

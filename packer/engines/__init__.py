@@ -1,4 +1,4 @@
-"""Engines: where the block pipeline's tasks run (`packer.engines.blocks` holds what they do).
+"""Engines: where the block pipeline's tasks run (`packer.pipelines.blocks` holds what they do).
 
 An engine only maps a stage function over its calls and returns the results in call order; the
 first failure cancels the rest and is raised as the task raised it. `local` runs the calls in
@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
-
-from packer.config import PackConfig
 
 
 class Engine(Protocol):
@@ -37,11 +35,13 @@ class Engine(Protocol):
 
 
 @contextmanager
-def open_engine(cfg: PackConfig, workers: int) -> Iterator[Engine]:
-    if cfg.engine == "ray":
+def open_engine(name: str, address: str | None, workers: int) -> Iterator[Engine]:
+    """The engine `name` ("local" or "ray"; `config.ENGINES`), closed on exit. `address`: the
+    Ray cluster to join (None: a local Ray instance with `workers` CPUs)."""
+    if name == "ray":
         from packer.engines.ray import RayEngine
 
-        engine = RayEngine(cfg.ray_address, workers)
+        engine = RayEngine(address, workers)
     else:
         from packer.engines.local import LocalEngine
 

@@ -12,7 +12,7 @@ removes the temporary output.
 ray.init's minutes. Ray's SIGTERM handler is replaced by packer's again after ray.init, so that
 SIGTERM cleans up and exits 143 like a local run.
 
-Calls given a `memory` (the block tasks: `packer.engines.blocks.block_memory`) reserve it from
+Calls given a `memory` (the block tasks: `packer.pipelines.blocks.block_memory`) reserve it from
 Ray's `memory` resource, so a node runs no more of them at once than its memory holds. A request
 larger than every node's memory is lowered to the largest node's, which then runs one at a time.
 """

@@ -1,4 +1,5 @@
-"""What a run reports: `PackResult` and `Stats`, the one statistics type of every driver.
+"""What a run reports: `PackResult` and `Stats`, the one statistics type of every driver, and
+the `Progress` callback it reports to while it runs.
 
 `Stats.as_dict()` is the `stats` of `packer pack --json`, of the manifest and of
 `pack_dataset(..., return_stats=True)`: its keys, their order and their rounding are a contract.
@@ -6,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +15,10 @@ from packer.config import PackConfig
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan, lower_bound
 from packer.read.samples import Samples
+
+# progress(stage, done, total, label): "read" (bytes of all files), "file" (bytes of the file
+# being read, its name as label), "plan" (0 of 0 while planning, then 1 of 1), "write" (rows)
+Progress = Callable[..., None]
 
 
 @dataclass

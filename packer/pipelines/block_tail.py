@@ -1,0 +1,123 @@
+"""Stage 3 of the block pipeline: the under-filled tail rows of every block, packed together.
+
+The driver (`packer.pipelines.blocks`) plans the spilled segments of every `TAIL_GROUP`
+consecutive blocks together (`tail_tasks`, by block, then position), and `write_tail` tasks
+gather them from the spill files into tail shards. Those samples are the only tokens that move
+between workers (`tokens_moved` in the stats).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from packer.config import PackConfig
+from packer.pipelines.block_task import BlockResult, block_seed, publish, spill_path, work_dir
+from packer.planning.overlength import Segments
+from packer.planning.strategies import Plan, plan
+from packer.read.samples import Samples, as_chunks
+from packer.write.shards import write_shards
+
+TAIL_GROUP = 1024  # blocks whose tails are planned together (and read by one tail task at most)
+
+
+@dataclass
+class TailTask:
+    """One tail shard: its rows as (block, position in the block's spill) per segment."""
+
+    shard: int
+    blocks: np.ndarray  # int64 per segment
+    positions: np.ndarray  # int64 per segment
+    row_starts: np.ndarray  # int64[rows + 1]
+    width: int = 5
+    block_width: int = 5
+
+
+def write_tail(task: TailTask, cfg: PackConfig, tmp: str, workers: int) -> list[dict]:
+    """Gather the tail rows of one shard from the spill files and write the shard."""
+    from packer.workers import configure
+
+    configure(workers)
+    tmp_dir = Path(tmp)
+    needed = np.unique(task.blocks)
+    chunk_of = {int(b): k for k, b in enumerate(needed.tolist())}
+    tok, lab, starts, tables = [], [], [0], []
+    for b in needed.tolist():
+        path = spill_path(tmp_dir, b, task.block_width)
+        with pa.memory_map(str(path)) as source:
+            table = pa.ipc.open_file(source).read_all()
+        tables.append(table)
+        values = table.column("tokens").combine_chunks().values.to_numpy()
+        tok.append(values)
+        if "labels" in table.column_names:
+            lab.append(table.column("labels").combine_chunks().values.to_numpy())
+        starts.append(starts[-1] + values.size)
+    n = task.blocks.size
+    seg_start = np.empty(n, np.int64)
+    seg_len = np.empty(n, np.int64)
+    seg_sample = np.empty(n, np.int64)
+    seg_offset = np.empty(n, np.int32)
+    chunk = np.fromiter((chunk_of[int(b)] for b in task.blocks), np.int64, count=n)
+    for k, table in enumerate(tables):
+        mine = np.flatnonzero(chunk == k)
+        pos = task.positions[mine]
+        offsets = table.column("tokens").combine_chunks().offsets.to_numpy()
+        seg_start[mine] = starts[k] + offsets[pos]
+        seg_len[mine] = offsets[pos + 1] - offsets[pos]
+        seg_sample[mine] = table.column("sample").to_numpy()[pos]
+        seg_offset[mine] = table.column("offset").to_numpy()[pos]
+    samples = Samples(
+        tokens=None,
+        offsets=np.zeros(1, np.int64),
+        labels=None,
+        sources=[],
+        token_chunks=as_chunks(tok),
+        label_chunks=as_chunks(lab) if lab else None,
+        chunk_starts=np.asarray(starts, np.int64),
+    )
+    segs = Segments(seg_sample, seg_start, seg_len, seg_offset, 0, 0, 0, 0)
+    pl = Plan(order=np.arange(n, dtype=np.int64), row_starts=task.row_starts)
+    one = replace(cfg, shard_rows=max(1, pl.num_rows))
+    work = work_dir(tmp_dir, f"t{task.shard:0{task.width}d}")
+    name = f"shard-t{task.shard:0{task.width}d}.arrow"
+    entries = write_shards(samples, segs, pl, one, work, workers=workers, names=lambda _: name)
+    publish(work, tmp_dir)
+    return entries
+
+
+def tail_tasks(
+    results: list[BlockResult], cfg: PackConfig, num_blocks: int, width: int
+) -> tuple[list[TailTask], int, int]:
+    """Plan the spilled segments of every `TAIL_GROUP` consecutive blocks together.
+
+    Returns (tasks, tail rows, tokens moved). Grouping bounds how many spill files one tail
+    task opens; a group of 1024 blocks packs as well as all of them at once.
+    """
+    groups: dict[int, list[BlockResult]] = {}
+    for r in results:
+        if r.tail_lengths.size:
+            groups.setdefault(r.block // TAIL_GROUP, []).append(r)
+    per_shard = cfg.rows_per_shard()
+    parts, rows, moved = [], 0, 0
+    for g, members in sorted(groups.items()):
+        blocks = np.concatenate([np.full(r.tail_lengths.size, r.block, np.int64) for r in members])
+        positions = np.concatenate(
+            [np.arange(r.tail_lengths.size, dtype=np.int64) for r in members]
+        )
+        lengths = np.concatenate([r.tail_lengths for r in members])
+        pl = plan(lengths, cfg.max_len, cfg.strategy, seed=block_seed(cfg.seed, num_blocks + g))
+        rows += pl.num_rows
+        moved += int(lengths.sum())
+        for a in range(0, pl.num_rows, per_shard):
+            b = min(a + per_shard, pl.num_rows)
+            sel = pl.order[pl.row_starts[a] : pl.row_starts[b]]
+            parts.append((blocks[sel], positions[sel], pl.row_starts[a : b + 1] - pl.row_starts[a]))
+    digits = max(5, len(str(max(len(parts) - 1, 0))))
+    tasks = [
+        TailTask(k, blk, pos, starts, width=digits, block_width=width)
+        for k, (blk, pos, starts) in enumerate(parts)
+    ]
+    return tasks, rows, moved

@@ -1,0 +1,266 @@
+"""Stage 2 of the block pipeline: one block, read, planned and written by one task.
+
+`pack_block` reads and validates its block (the local reader's checks and one-line errors),
+resolves over-length samples, plans them with the configured strategy and writes the rows that
+are full enough as shards straight into the output's temporary directory. The samples of the
+under-filled tail rows are spilled to a small file; only their lengths go back to the driver
+(`packer.pipelines.blocks`), with the block's `Stats` and length histogram.
+
+A task writes into a private work directory and renames its files into place, so a task retried
+after its worker died writes the same bytes again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from packer.config import PackConfig
+from packer.pipelines.result import Stats
+from packer.planning.overlength import Segments, resolve
+from packer.planning.strategies import Plan, plan
+from packer.read.blocks import BlockSpec, block_samples
+from packer.read.samples import Rejects, Samples
+from packer.version import __version__
+from packer.write.manifest import split_points
+from packer.write.shards import segment_sources, write_shards
+
+# A row with more than L // TAIL_FREE free tokens is a tail row: its samples are packed again
+# with every block's tails. 1/512 of L keeps the rows within 0.01 % of one global plan on the
+# benchmarks of docs/scale.md while moving a few percent of the tokens.
+TAIL_FREE = 512
+WORK = ".blocks"  # inside the temporary output: spill files and task work directories
+DECREASING = ("bfd", "ffd", "histogram")  # strategies that fill rows from the longest down
+
+
+@dataclass
+class BlockResult:
+    """What a block task sends back to the driver: counts and tail lengths, no tokens."""
+
+    block: int
+    has_labels: bool
+    # the block's figures: its full rows, and the pad and loss tokens of their shards
+    stats: Stats
+    rejects: list[dict]
+    shards: list[dict]
+    tail_lengths: np.ndarray  # int64: lengths of the spilled segments, in spill order
+    hist: tuple[np.ndarray, np.ndarray]  # (segment lengths, counts)
+    seconds: float
+    version: str = __version__
+    split_labels: np.ndarray | None = None  # write.manifest.split_points of the block
+
+    @property
+    def rows(self) -> int:
+        """Samples read, rejected ones included."""
+        return self.stats.samples_in
+
+    @property
+    def samples(self) -> int:
+        """Samples kept."""
+        return self.stats.samples_packed + self.stats.dropped
+
+
+def block_seed(seed: int, block: int) -> int:
+    """The seed of one block's plan (ff-shuffle), from the configured seed and its number."""
+    return int(np.random.SeedSequence([seed, block]).generate_state(1)[0])
+
+
+def tail_rows(pl: Plan, lengths: np.ndarray, cfg: PackConfig) -> np.ndarray:
+    """Which rows of a block's plan are under-filled tails (bool per row)."""
+    n = pl.num_rows
+    tail = np.zeros(n, bool)
+    if n == 0:
+        return tail
+    if cfg.strategy in DECREASING:
+        used = np.add.reduceat(lengths[pl.order], pl.row_starts[:-1])
+        tail[:] = cfg.max_len - used > cfg.max_len // TAIL_FREE
+    else:  # input-order strategies: only the block's last, open row
+        tail[-1] = True
+    return tail
+
+
+def _keep_rows(pl: Plan, keep: np.ndarray) -> Plan:
+    counts = np.diff(pl.row_starts)
+    order = pl.order[np.repeat(keep, counts)]
+    starts = np.zeros(int(keep.sum()) + 1, np.int64)
+    np.cumsum(counts[keep], out=starts[1:])
+    return Plan(order=order, row_starts=starts)
+
+
+def work_dir(tmp: Path, name: str) -> Path:
+    """A task's private directory for the files it writes, before `publish`."""
+    work = tmp / WORK / f"work-{name}-{uuid.uuid4().hex[:8]}"
+    work.mkdir(parents=True)
+    return work
+
+
+def publish(work: Path, dest: Path) -> None:
+    """Rename a task's finished files into place (idempotent: a retry writes the same bytes)."""
+    for entry in sorted(work.iterdir()):
+        os.replace(entry, dest / entry.name)
+    work.rmdir()
+
+
+def spill_path(tmp: Path, block: int, width: int) -> Path:
+    return tmp / WORK / f"tail-b{block:0{width}d}.arrow"
+
+
+def pack_block(spec: BlockSpec, cfg: PackConfig, tmp: str, workers: int) -> BlockResult:
+    """Stage 2 for one block: read, validate, resolve, plan, write full rows, spill tails."""
+    from packer.workers import configure
+
+    t0 = time.perf_counter()
+    configure(workers)
+    tmp_dir = Path(tmp)
+    rejects = Rejects() if cfg.on_error == "skip" else None
+    samples, src = block_samples(spec, cfg, rejects)
+    common = {
+        "block": spec.block,
+        "has_labels": src.has_labels,
+        "rejects": rejects.records if rejects else [],
+    }
+    if samples is None:
+        stats = Stats(cfg.max_len, samples_in=spec.rows, **_rejected(rejects))
+        empty = np.zeros(0, np.int64)
+        return BlockResult(
+            **common,
+            stats=stats,
+            shards=[],
+            tail_lengths=empty,
+            hist=(empty, empty.copy()),
+            seconds=time.perf_counter() - t0,
+        )
+    segs = resolve(
+        samples.lengths,
+        cfg.max_len,
+        cfg.overlength,
+        starts=samples.offsets[:-1],
+        locate=samples.locate,
+    )
+    segs.sample = samples.index[segs.sample]
+    pl = plan(
+        segs.length,
+        cfg.max_len,
+        cfg.strategy,
+        seed=block_seed(cfg.seed, spec.block),
+        window=cfg.window,
+    )
+    tail = tail_rows(pl, segs.length, cfg)
+    full = _keep_rows(pl, ~tail)
+    tails = _keep_rows(pl, tail)
+    shards, spill = _write_block(spec, samples, segs, full, tails, cfg, tmp_dir, workers)
+    lengths, counts = np.unique(segs.length, return_counts=True)
+    return BlockResult(
+        **common,
+        stats=_block_stats(spec, samples, segs, full, shards, spill, rejects, cfg),
+        shards=shards,
+        tail_lengths=spill,
+        hist=(lengths.astype(np.int64), counts.astype(np.int64)),
+        seconds=time.perf_counter() - t0,
+        split_labels=split_points(samples, segs),
+    )
+
+
+def _rejected(rejects: Rejects | None) -> dict:
+    return {
+        "rejected": rejects.total if rejects else 0,
+        "rejected_by_reason": dict(rejects.counts) if rejects else {},
+    }
+
+
+def _block_stats(spec, samples, segs, full, shards, spill, rejects, cfg: PackConfig) -> Stats:
+    """The block's figures; its rows and pad tokens are those of its full rows only."""
+    tokens = int(segs.length.sum())
+    return Stats(
+        cfg.max_len,
+        samples_in=spec.rows,
+        samples_packed=samples.num_samples - segs.dropped,
+        **_rejected(rejects),
+        dropped=segs.dropped,
+        truncated=segs.truncated,
+        split=segs.split,
+        segments=segs.num_segments,
+        tokens_in=samples.num_tokens,
+        tokens=tokens,
+        tokens_removed=segs.tokens_removed,
+        pad_tokens=sum(s["tokens"] for s in shards) - (tokens - int(spill.sum())),
+        loss_tokens=sum(s["loss_tokens"] for s in shards),
+        rows=full.num_rows,
+    )
+
+
+def _write_block(spec: BlockSpec, samples, segs, full: Plan, tails: Plan, cfg, tmp_dir, workers):
+    """Write the full rows as shards and spill the tail rows' segments: (shards, tail lengths).
+
+    The files appear in the temporary output (spill files under `WORK`) only once all are
+    written."""
+    work = work_dir(tmp_dir, f"b{spec.block:0{spec.width}d}")
+    n_shards = -(-full.num_rows // cfg.rows_per_shard())
+    digits = max(3, len(str(max(n_shards - 1, 0))))
+    prefix = f"shard-b{spec.block:0{spec.width}d}"
+    shards = write_shards(
+        samples,
+        segs,
+        full,
+        cfg,
+        work,
+        workers=workers,
+        names=lambda i: f"{prefix}-{i:0{digits}d}.arrow",
+    )
+    spill = _spill(
+        samples, segs, tails.order, work / spill_path(tmp_dir, spec.block, spec.width).name
+    )
+    _fault_point()
+    for entry in sorted(work.iterdir()):
+        dest = tmp_dir / WORK if entry.name.startswith("tail-") else tmp_dir
+        os.replace(entry, dest / entry.name)
+    work.rmdir()
+    return shards, spill
+
+
+def _fault_point() -> None:
+    """Fault injection for tests: with PACKER_FAULT_KILL_ONCE=PATH set, the first block task to
+    create PATH kills its own process after writing its files and before publishing them."""
+    marker = os.environ.get("PACKER_FAULT_KILL_ONCE")
+    if not marker:
+        return
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.close(fd)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _spill(samples: Samples, segs: Segments, order: np.ndarray, path: Path) -> np.ndarray:
+    """Write the tail segments (tokens, labels, provenance) to an Arrow IPC file; their lengths."""
+    chunks, label_chunks, seg_chunk, seg_local = segment_sources(samples, segs)
+    lengths = segs.length[order]
+    offsets = np.zeros(order.size + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = [chunks[seg_chunk[s]][seg_local[s] : seg_local[s] + segs.length[s]] for s in order]
+    flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+    columns = {
+        "tokens": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())),
+        "sample": pa.array(segs.sample[order], pa.int64()),
+        "offset": pa.array(segs.offset[order], pa.int32()),
+    }
+    if samples.has_labels:
+        labs = [
+            label_chunks[seg_chunk[s]][seg_local[s] : seg_local[s] + segs.length[s]] for s in order
+        ]
+        flat_labels = np.concatenate(labs) if labs else np.zeros(0, np.int32)
+        columns["labels"] = pa.LargeListArray.from_arrays(
+            pa.array(offsets), pa.array(flat_labels, pa.int32())
+        )
+    table = pa.table(columns)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return lengths.astype(np.int64)

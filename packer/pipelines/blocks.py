@@ -1,0 +1,300 @@
+"""Block packing: the driver of the pipeline that every engine runs, one block of input per task.
+
+With `block_size` set, the inputs are cut into blocks that follow the files (`packer.read.blocks`
+says where a block ends); the cut depends on the files and `block_size` only, so every engine,
+with any number of workers, writes the same bytes.
+
+Stages, each a plain function an engine runs where it likes (`packer.engines`):
+
+1. `scan_file` (`packer.read.blocks`), one per file: the blocks and their sample counts (Parquet
+   and Arrow from metadata; JSONL counts its non-blank lines, without parsing them). The driver
+   numbers the samples globally from these counts, so `sample_index` means the same as with one
+   plan.
+2. `pack_block` (`packer.pipelines.block_task`), one per block: read, validate, plan, write the
+   rows that are full enough as shards, spill the samples of the under-filled tail rows; only
+   their lengths go back to the driver, with the block's `Stats` and length histogram.
+3. The driver plans every spilled sample together (by block, then position) and `write_tail`
+   tasks (`packer.pipelines.block_tail`) gather them from the spill files into tail shards.
+4. The driver sums the blocks' `Stats`, writes the manifest last and commits the directory
+   atomically, as every driver does.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from packer.config import PackConfig
+from packer.contract.names import REJECTS
+from packer.engines import Engine
+from packer.errors import InputError, UsageError, option
+from packer.pipelines.block_tail import tail_tasks, write_tail
+from packer.pipelines.block_task import DECREASING, WORK, BlockResult, pack_block
+from packer.pipelines.result import PackResult, Stats
+from packer.planning import kernels as algorithms
+from packer.planning.strategies import martello_toth_bound
+from packer.read.assemble import counts_text
+from packer.read.blocks import BlockSpec, FileScan, scan_file
+from packer.read.samples import Rejects, SourceFile
+from packer.version import __version__
+from packer.write import commit as output
+from packer.write.manifest import build_manifest, write_rejects, write_split_labels
+from packer.write.shards import gather_buffer_bytes
+
+DEFAULT_BLOCK_SIZE = 64 << 20  # `--engine ray` without --block-size
+_HISTOGRAM_MAX_LEN = 1 << 24  # beyond this L the driver does not build a dense histogram
+
+
+def pack_blocks(
+    engine: Engine,
+    files: list[Path],
+    out: Path,
+    cfg: PackConfig,
+    *,
+    overwrite: bool,
+    progress,
+    workers: int,
+    budget: int,
+    t0: float,
+) -> PackResult:
+    """Run the block pipeline on `engine` (opened by the caller); the atomic commit stays here."""
+    if cfg.block_size is None:
+        cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
+    t = time.perf_counter()
+    timings: dict[str, float] = {"engine_start": t - t0}
+    scans, specs = _scan(engine, files, cfg, budget)
+    timings["scan"] = time.perf_counter() - t
+    tmp = output.start(out)
+    with output.building(tmp, out):
+        t = time.perf_counter()
+        worker_cpus = engine.task_workers(workers)
+        results = _run_blocks(engine, specs, cfg, tmp, worker_cpus, budget, progress)
+        timings["blocks"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if progress:
+            progress("plan", 0, 0)
+        has_labels = _check_labels(specs, results, cfg.labels_column or None)
+        total, rejects, hist = _totals(results, cfg)
+        width = specs[0].width if specs else 5
+        tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)
+        if progress:
+            progress("plan", 1, 1)
+        tail_entries = engine.map(write_tail, [(k, cfg, str(tmp), worker_cpus) for k in tasks])
+        timings["tails"] = time.perf_counter() - t
+        t = time.perf_counter()
+        shutil.rmtree(tmp / WORK, ignore_errors=True)
+        tail_shards = [e for es in tail_entries for e in es]
+        shards = [e for r in results for e in r.shards] + tail_shards
+        tails = Stats(
+            cfg.max_len,
+            rows=tail_row_count,
+            pad_tokens=sum(s["tokens"] for s in tail_shards) - moved,
+            loss_tokens=sum(s["loss_tokens"] for s in tail_shards),
+        )
+        stats = replace(
+            total + tails,
+            blocks=len(specs),
+            tail_rows=tail_row_count,
+            tokens_moved=moved,
+            lower_bound_l2=martello_toth_bound(hist, cfg.max_len) if hist is not None else None,
+            global_rows=_global_rows(hist, cfg),
+        ).as_dict()
+        sources = _sources_of(scans, specs, results, has_labels)
+        _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite)
+        timings["commit"] = time.perf_counter() - t
+    seconds = [r.seconds for r in results]
+    timings["block_task_median"] = float(np.median(seconds)) if seconds else 0.0
+    timings["block_task_max"] = float(max(seconds, default=0.0))
+    return PackResult(
+        output=out,
+        stats=stats,
+        shards=shards,
+        seconds=time.perf_counter() - t0,
+        timings=timings,
+        engine=cfg.engine,
+    )
+
+
+def _scan(engine: Engine, files: list[Path], cfg: PackConfig, budget: int):
+    """Stage 1: (the scan of every file, the blocks numbered in input order)."""
+    labels_column = cfg.labels_column or None
+    columns = [cfg.input_column] + ([labels_column] if labels_column else [])
+    scans = engine.map(
+        scan_file, [(i, str(p), cfg.block_size, columns) for i, p in enumerate(files)]
+    )
+    for scan in scans:
+        if scan.version != __version__:
+            raise UsageError(
+                f"a worker runs packer {scan.version}, the driver {__version__}: install "
+                "the same packer on every node"
+            )
+    specs = plan_blocks(scans)
+    _check_memory(specs, budget)
+    return scans, specs
+
+
+def _run_blocks(
+    engine: Engine, specs, cfg: PackConfig, tmp: Path, worker_cpus: int, budget: int, progress
+) -> list[BlockResult]:
+    """Stage 2: one `pack_block` task per block, reporting the bytes read as blocks finish."""
+    total_bytes = sum(s.nbytes for s in specs) or 1
+    done = [0]
+
+    def on_block(k: int) -> None:
+        done[0] += specs[k].nbytes
+        if progress:
+            progress("read", done[0], total_bytes)
+
+    if progress:
+        progress("read", 0, total_bytes)
+    return engine.map(
+        pack_block,
+        [(s, cfg, str(tmp), worker_cpus) for s in specs],
+        on_done=on_block,
+        memory=block_memory(specs, budget, cfg.max_len),
+    )
+
+
+def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite):
+    """rejects.jsonl, split_labels.jsonl and the manifest, then the atomic commit."""
+    entry = None
+    if cfg.on_error == "skip":
+        entry = write_rejects(
+            types.SimpleNamespace(rejects=rejects, num_rejected=rejects.total), tmp, cfg.hash
+        )
+        assert entry["file"] == REJECTS
+    points = [r.split_labels for r in results if r.split_labels is not None]
+    split_labels = write_split_labels(np.concatenate(points) if points else None, tmp, cfg.hash)
+    manifest = build_manifest(
+        cfg,
+        types.SimpleNamespace(sources=sources),
+        stats,
+        shards,
+        entry,
+        split_labels=split_labels,
+    )
+    output.finish(tmp, out, manifest, overwrite)
+
+
+def plan_blocks(scans: list[FileScan]) -> list[BlockSpec]:
+    """Number the blocks and the samples of every file, in input order."""
+    specs: list[BlockSpec] = []
+    first = 0
+    for scan in scans:
+        for spec in scan.blocks:
+            spec.first_index = first
+            specs.append(spec)
+        first += sum(s.rows for s in scan.blocks)
+    width = max(5, len(str(max(len(specs) - 1, 0))))
+    for k, spec in enumerate(specs):
+        spec.block, spec.width = k, width
+    return specs
+
+
+def block_memory(specs: list[BlockSpec], budget: int, max_len: int) -> int:
+    """Bytes one block task reserves: its largest block's decoded table and flat copy (what
+    `_check_memory` sizes against half the budget) and the two gather buffers, at most the
+    whole `--memory-budget`.
+
+    Reserving the budget itself (8 GiB by default) would let a node of 32 cores and 128 GiB run
+    a dozen 64 MiB blocks at once where it could run 32.
+    """
+    largest = max((spec.decoded for spec in specs), default=0)
+    return min(budget, 2 * largest + gather_buffer_bytes(max_len))
+
+
+def _check_memory(specs: list[BlockSpec], budget: int) -> None:
+    for spec in specs:
+        if 2 * spec.decoded > budget:
+            raise UsageError(
+                f"a block of {spec.path} decodes to about {spec.decoded >> 20} MiB, more than "
+                f"half of the {option('memory_budget')} ({budget >> 20} MiB); pass a smaller "
+                f"{option('block_size')} (a Parquet row group is never cut) or a larger "
+                f"{option('memory_budget')}"
+            )
+
+
+def _check_labels(specs: list[BlockSpec], results: list[BlockResult], labels_column) -> bool:
+    """Every block with samples must agree with the first on having labels."""
+    seen = [(s, r) for s, r in zip(specs, results) if r.rows and r.samples]
+    if not seen:
+        return False
+    s0, r0 = seen[0]
+    for s, r in seen[1:]:
+        if r.has_labels != r0.has_labels:
+            (w, _), (wo, _) = ((s, r), (s0, r0)) if r.has_labels else ((s0, r0), (s, r))
+            if w.path == wo.path:
+                raise InputError(
+                    f"mixed schemas: {w.path} has a '{labels_column}' column in some blocks "
+                    "and not in others"
+                )
+            raise InputError(
+                f"mixed schemas: {w.path} has a '{labels_column}' column and {wo.path} does not"
+            )
+    return r0.has_labels
+
+
+def _global_rows(hist: np.ndarray | None, cfg: PackConfig) -> int | None:
+    """Rows of one global plan of every segment, from the length histogram alone."""
+    if hist is None or cfg.strategy not in DECREASING:
+        return None
+    kernel = {
+        "bfd": algorithms.best_fit_groups,
+        "ffd": algorithms.first_fit_groups,
+        "histogram": algorithms.worst_fit_groups,
+    }[cfg.strategy]
+    return int(kernel(hist, cfg.max_len)[-1])
+
+
+def _totals(results: list[BlockResult], cfg: PackConfig):
+    """(the blocks' `Stats` summed, their rejects, the histogram of every segment's length or
+    None beyond `_HISTOGRAM_MAX_LEN`); raises when no sample is left."""
+    total = sum((r.stats for r in results), Stats(cfg.max_len))
+    rejects = Rejects(
+        records=[record for r in results for record in r.rejects],
+        counts=dict(total.rejected_by_reason),
+    )
+    read = total.samples_in
+    kept = sum(r.samples for r in results)
+    if read == 0:
+        raise InputError("the dataset is empty: the inputs hold no samples")
+    if kept == 0:
+        raise InputError(
+            f"the dataset is empty: all {read} samples were rejected ({counts_text(rejects)})"
+        )
+    hist = None
+    if cfg.max_len <= _HISTOGRAM_MAX_LEN:
+        hist = np.zeros(cfg.max_len + 1, np.int64)
+        for r in results:
+            np.add.at(hist, r.hist[0], r.hist[1])
+    return total, rejects, hist
+
+
+def _sources_of(scans, specs, results, has_labels: bool) -> list[SourceFile]:
+    sources = []
+    first = 0
+    by_file: dict[int, list[tuple[BlockSpec, BlockResult]]] = {}
+    for s, r in zip(specs, results):
+        by_file.setdefault(s.file, []).append((s, r))
+    for i, scan in enumerate(scans):
+        parts = by_file.get(i, [])
+        n = sum(r.rows for _, r in parts)
+        sources.append(
+            SourceFile(
+                path=Path(scan.path),
+                format=scan.format,
+                num_samples=n,
+                first_index=first,
+                size=scan.size,
+                fingerprint=scan.fingerprint,
+                has_labels=has_labels and any(r.has_labels for _, r in parts),
+                rejected=sum(len(r.rejects) for _, r in parts),
+            )
+        )
+        first += n
+    return sources

@@ -1,0 +1,96 @@
+"""`pack`: read, resolve over-length samples, plan, gather and write, atomically.
+
+This is the library entry point behind `packer pack`; it knows nothing about the terminal.
+Progress is reported through an optional callback so the CLI can draw bars. `pack` checks its
+arguments and hands the run to one driver: `repack`, `blocks` (on an engine it opens) or
+`one_plan`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from packer import arguments as A
+from packer.arguments import parse_size
+from packer.config import PackConfig
+from packer.errors import UsageError, option
+from packer.pipelines.one_plan import pack_one_plan
+from packer.pipelines.result import PackResult, Progress
+from packer.read.cache import default_budget
+from packer.read.files import expand_inputs
+from packer.workers import configure as configure_workers
+from packer.write import commit as output
+
+
+def pack(
+    inputs: Iterable[str | Path],
+    output_dir: str | Path,
+    config: PackConfig,
+    *,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    workers: int | None = None,
+    memory_budget: int | str | None = None,
+    out_of_core: bool | None = None,
+    repack: bool = False,
+    engine: str | None = None,
+    ray_address: str | None = None,
+) -> PackResult:
+    """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
+
+    The output appears only when complete: it is built in a hidden sibling directory and
+    renamed into place, so a failed or killed run never leaves shards that look finished.
+
+    Packer outputs are never read as samples (their rows are already packed): inside
+    directories and globs they are skipped, named directly they are refused. `repack=True`
+    reads one packer output back into its original samples instead (see `packer.read.repack`).
+
+    With `config.block_size` or `engine="ray"` the block pipeline runs (`packer.pipelines.blocks`): both
+    engines write the same bytes for the same configuration.
+    """
+    t0 = time.perf_counter()
+    if not isinstance(config, PackConfig):
+        raise UsageError(f"config must be a PackConfig, got {type(config).__name__}")
+    if isinstance(inputs, (str, os.PathLike)):  # one path, not a sequence of characters
+        inputs = [inputs]
+    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
+        raise UsageError(f"output_dir must be a path, got {output_dir!r}")
+    overwrite = A.boolean(overwrite, "overwrite")
+    repack = A.boolean(repack, "repack")
+    runtime = {"engine": engine, "ray_address": ray_address}
+    cfg = replace(config, **{k: v for k, v in runtime.items() if v is not None}).validate()
+    workers = configure_workers(A.integer(workers, "workers", minimum=1, none=True))
+    out = Path(output_dir)
+    output.check_target(out, overwrite)
+    blocks = cfg.block_size is not None or cfg.engine != "local"
+    if repack and blocks:
+        raise UsageError(
+            f"{option('repack=True', '--repack')} runs on the local engine with one global plan "
+            f"(no {option('block_size')})"
+        )
+    run = {"overwrite": overwrite, "progress": progress, "workers": workers, "t0": t0}
+    if repack:
+        from packer.pipelines.repack import pack_repack
+
+        return pack_repack(inputs, out, cfg, **run)
+
+    skipped: list[Path] = []
+    inputs = expand_inputs(inputs, skip=out, skipped=skipped)
+    if blocks:
+        from packer.engines import open_engine
+        from packer.pipelines.blocks import pack_blocks
+
+        budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
+        with open_engine(cfg.engine, cfg.ray_address, workers) as tasks:
+            result = pack_blocks(tasks, inputs, out, cfg, budget=budget, **run)
+        result.seconds = time.perf_counter() - t0  # the engine's shutdown included
+    else:
+        result = pack_one_plan(
+            inputs, out, cfg, memory_budget=memory_budget, out_of_core=out_of_core, **run
+        )
+    result.skipped_inputs = [str(p) for p in skipped]
+    return result
