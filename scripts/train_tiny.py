@@ -24,7 +24,6 @@ import torch
 from torch.utils.data import DataLoader
 
 import packer
-from packer.tiny_model import build_tiny_model
 from packer.torch import (
     PackedBatchSampler,
     PackedDataset,
@@ -33,6 +32,7 @@ from packer.torch import (
     model_inputs,
 )
 from packer.torch.loss import step_loss_tokens
+from packer.torch.tiny_model import build_tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
 

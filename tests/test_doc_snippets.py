@@ -146,7 +146,7 @@ def _given(names: set[str]) -> dict:
     """The reader's `model` and `tokenizer`, for the blocks that use them."""
     given = {}
     if "model" in names:
-        from packer.tiny_model import build_tiny_model
+        from packer.torch.tiny_model import build_tiny_model
 
         given["model"] = build_tiny_model(seed=0, vocab_size=32000, hidden_size=32)
     if "tokenizer" in names:

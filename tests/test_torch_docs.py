@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import packer  # noqa: E402
-from packer.tiny_model import build_tiny_model  # noqa: E402
+from packer.torch.tiny_model import build_tiny_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 1000

@@ -13,7 +13,6 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from packer.tiny_model import build_tiny_model  # noqa: E402
 from packer.torch import (  # noqa: E402
     IsolationError,
     block_causal_mask,
@@ -22,6 +21,7 @@ from packer.torch import (  # noqa: E402
     model_inputs,
 )
 from packer.torch.isolation import TOLERANCE  # noqa: E402
+from packer.torch.tiny_model import build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -28,7 +28,6 @@ pytest.importorskip("transformers")
 import torch.nn.functional as F  # noqa: E402
 
 import packer  # noqa: E402
-from packer.tiny_model import build_tiny_model  # noqa: E402
 from packer.torch import (  # noqa: E402
     PackedDataset,
     block_causal_mask,
@@ -37,6 +36,7 @@ from packer.torch import (  # noqa: E402
     step_loss_tokens,
     sum_token_loss,
 )
+from packer.torch.tiny_model import build_tiny_model  # noqa: E402
 
 TOL = 1e-5  # on token-mean losses (~6.9 = ln 1000)
 SUM_TOL = 5e-5  # on one sample's summed token loss (up to ~50 tokens; fp32 error seen <= 1e-5)

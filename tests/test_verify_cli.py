@@ -392,7 +392,7 @@ def test_shard_with_a_foreign_schema(cli, packed, tmp_path):
 
 
 def test_model_check_details_and_its_control(cli, packed, monkeypatch):
-    import packer.tiny_model
+    import packer.torch.tiny_model
 
     out, _ = packed
     code, report = run_verify(cli, out, "--rows", "2", "--model-check", "--seed", "4")
@@ -407,9 +407,9 @@ def test_model_check_details_and_its_control(cli, packed, monkeypatch):
     assert 1e-3 < model["control_min_logits_leak"] <= model["control_max_logits_leak"]
     assert model["seconds"] > 0
     # a model that cannot see context: its control must fail, naming each later sample
-    real = packer.tiny_model.build_tiny_model
+    real = packer.torch.tiny_model.build_tiny_model
     monkeypatch.setattr(
-        packer.tiny_model, "build_tiny_model", lambda *a, **k: real(*a, **k, num_layers=0)
+        packer.torch.tiny_model, "build_tiny_model", lambda *a, **k: real(*a, **k, num_layers=0)
     )
     code, report = run_verify(cli, out, "--rows", "2", "--model-check")
     assert code == 1

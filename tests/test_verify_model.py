@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from packer.tiny_model import build_tiny_model
+from packer.torch.tiny_model import build_tiny_model
 from packer.verify.model_check import run_model_check
 from packer.verify.picked_rows import RowInput
 from packer.verify.result import CheckResult

@@ -17,8 +17,8 @@ import numpy as np
 
 from packer import arguments as A
 from packer.errors import UsageError, option
+from packer.verify.output_version import OutputVersion
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
-from packer.verify.shards import OutputVersion
 
 __all__ = ["CheckResult", "Failure", "VerificationFailed", "VerifyResult", "verify"]
 
@@ -141,7 +141,7 @@ def _backend(attention: bool, backend: str, dtype, model_check: bool, model_dir)
     before any work."""
     if attention:
         _require_torch()
-        from packer.verify.attention import resolve
+        from packer.verify.backends import resolve
 
         return resolve(backend, dtype)
     if model_check or model_dir is not None:
@@ -215,7 +215,8 @@ def _run_checks(
         for name in ("attention", "negative_control", "model", "user_model"):
             add(_not_run(name, "--no-attention was given"))
         return checks
-    from packer.verify.attention import RowInput, pick_rows, run_attention
+    from packer.verify.attention import run_attention
+    from packer.verify.picked_rows import RowInput, pick_rows
 
     candidates = []
     for s, st in enumerate(statuses):

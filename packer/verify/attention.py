@@ -17,20 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# the names marked F401 are imported from here by packer.verify and packer.cli.verify
-from packer.verify.backends import (
-    BACKENDS,  # noqa: F401
-    DTYPES,  # noqa: F401
-    Backend,
-    resolve,  # noqa: F401
-)
-from packer.verify.picked_rows import (
-    RowInput,
-    alone_segments,
-    pick_rows,  # noqa: F401
-    sample_failure,
-    sample_label,
-)
+from packer.verify.backends import Backend
+from packer.verify.picked_rows import RowInput, alone_segments, sample_failure, sample_label
 from packer.verify.result import CheckResult, Failure
 
 # packed vs alone and vs the fp32 reference (DESIGN.md: across implementations)

@@ -146,7 +146,7 @@ def run_model_check(
     """The tiny model over each picked row, packed vs each sample alone; on_row(done, total)."""
     import torch
 
-    from packer.tiny_model import build_tiny_model
+    from packer.torch.tiny_model import build_tiny_model
 
     t0 = time.perf_counter()
     if not rows:

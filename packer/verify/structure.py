@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 
 from packer import hashing
+from packer.contract.shards import ShardArrays, read_shard
 from packer.read.samples import Samples
 from packer.verify.provenance import check_provenance
 from packer.verify.rejects import read_rejects
 from packer.verify.result import CheckResult, Failure
 from packer.verify.row_checks import RowStatus, check_shard_rows
-from packer.verify.shards import ShardArrays, read_shard
 from packer.verify.source import check_source, source_to_compare
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from packer.contract.manifest import parse_manifest
 from packer.contract.names import MANIFEST
-from packer.contract.shards import ShardArrays, read_shard  # noqa: F401  (moving: verify/structure.py)
 from packer.errors import UsageError
 
 
