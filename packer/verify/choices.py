@@ -1,0 +1,7 @@
+"""The attention backends and dtypes `verify` offers, by name (light: the CLI's help reads them
+without loading numpy, torch or the checks)."""
+
+from __future__ import annotations
+
+BACKENDS = ("flash-attn", "torch-varlen", "flex", "cpu")
+DTYPES = ("bf16", "fp16", "fp32")
