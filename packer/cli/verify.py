@@ -13,7 +13,7 @@ import typer
 
 from packer.cli.app import DEBUG, JSON, OFF, app, choices, user_errors
 from packer.errors import EXIT_FAILURE
-from packer.verify.backends import BACKENDS, DTYPES
+from packer.verify.choices import BACKENDS, DTYPES
 
 MAX_PRINTED = 10
 

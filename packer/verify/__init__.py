@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import numpy as np
-
 from packer import arguments as A
 from packer.errors import UsageError, option
 from packer.verify.output_version import OutputVersion
@@ -215,6 +213,8 @@ def _run_checks(
         for name in ("attention", "negative_control", "model", "user_model"):
             add(_not_run(name, "--no-attention was given"))
         return checks
+    import numpy as np  # here: `import packer.verify` (the CLI's help) stays light
+
     from packer.verify.attention import run_attention
     from packer.verify.picked_rows import RowInput, pick_rows
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from packer.errors import UsageError, option
+from packer.verify.choices import BACKENDS, DTYPES
 from packer.verify.forwards import (
     Forward,
     make_aten_flash_forward,
@@ -20,9 +21,6 @@ from packer.verify.forwards import (
     make_flex_forward,
     make_varlen_forward,
 )
-
-BACKENDS = ("flash-attn", "torch-varlen", "flex", "cpu")
-DTYPES = ("bf16", "fp16", "fp32")
 
 
 @dataclass
