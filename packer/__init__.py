@@ -18,7 +18,7 @@ _PUBLIC = {
     "Plan": "packer.planning.strategies",
     "lower_bound": "packer.planning.strategies",
     "pack": "packer.pipelines.pack",
-    "pack_dataset": "packer.in_memory",
+    "pack_dataset": "packer.pipelines.dataset",
     "plan": "packer.planning.strategies",
     "read_manifest": "packer.contract.manifest",
     "read_samples": "packer.read.assemble",

@@ -122,7 +122,7 @@ def test_iterable_is_packed_like_cli_window(cli, tmp_path, strategy, overlength,
 
 def test_iterable_input_is_read_window_by_window(monkeypatch):
     """The first packed batch arrives before the input is read past its first window."""
-    monkeypatch.setattr("packer.in_memory._READ_CHUNK", 50)
+    monkeypatch.setattr("packer.read.objects.READ_CHUNK", 50)
     pulled = [0]
 
     def source():
@@ -427,7 +427,7 @@ def test_file_backed_dataset_is_packed_to_a_cache_file(monkeypatch, tmp_path, ho
 
     options = {k: v for k, v in options.items() if k != "shard_rows"}
     monkeypatch.setattr("packer.write.shards.BATCH_TOKENS", 4 * 128)
-    monkeypatch.setattr("packer.in_memory.SYNC_BYTES", 4096)
+    monkeypatch.setattr("packer.write.cache_file.SYNC_BYTES", 4096)
     monkeypatch.setattr(direct, "STAGE_BYTES", 8192)
     if io == "buffered":
         monkeypatch.delattr(os, "O_DIRECT", raising=False)
@@ -714,7 +714,7 @@ TOL = 1e-5
 def training(one_torch_thread):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from packer.tiny_model import build_tiny_model
+    from packer.torch.tiny_model import build_tiny_model
 
     samples = make_samples(40, seed=11, median=16, vocab=VOCAB)  # a few longer than a row
     model = build_tiny_model(seed=0, vocab_size=VOCAB, hidden_size=32, max_positions=256)
