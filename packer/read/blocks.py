@@ -8,7 +8,7 @@ every engine, with any number of workers, writes the same bytes.
 
 `scan_file` cuts one file (Parquet and Arrow from metadata; JSONL counts its non-blank lines,
 without parsing them); `block_samples` reads and validates one block into `Samples`, with the
-local reader's checks and one-line errors. The block pipeline (`packer.engines.blocks`) runs
+local reader's checks and one-line errors. The block pipeline (`packer.pipelines.blocks`) runs
 both as tasks.
 """
 
