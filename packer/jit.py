@@ -46,12 +46,3 @@ def _unliteral_calls(dispatcher):
 
     dispatcher.get_call_template = get_call_template
     return dispatcher
-
-
-def __getattr__(name: str):
-    # for packer.in_memory until it imports start_warming from packer.pipelines.warmup
-    if name == "start_warming":
-        from packer.pipelines.warmup import start_warming
-
-        return start_warming
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
