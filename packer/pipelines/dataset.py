@@ -32,10 +32,10 @@ from packer import arguments as A
 from packer import workers as workers_mod
 from packer.config import PackConfig
 from packer.errors import InputError, OptionError, SampleError, UsageError
-from packer.jit import start_warming
 from packer.pipelines import hf_datasets
 from packer.pipelines.one_plan import plan_samples
 from packer.pipelines.result import Stats, stats_of
+from packer.pipelines.warmup import start_warming
 from packer.planning.overlength import resolve
 from packer.planning.strategies import Plan, plan, plan_arrays
 from packer.read import objects
