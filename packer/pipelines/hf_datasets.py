@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from packer import hashing
 from packer.config import PackConfig
+from packer.contract.names import MANIFEST
 from packer.read.objects import check_columns
 from packer.version import __version__
 
@@ -102,3 +103,14 @@ def _mapped_table(path: Path):
     if hasattr(mmap, "MADV_NORMAL"):
         region.madvise(mmap.MADV_NORMAL)
     return MemoryMappedTable(table, str(path))
+
+
+def output_dataset(directory: Path):
+    """The shards of a packer output as one memory-mapped `datasets.Dataset`, in manifest order
+    (`packer.torch.load_hf_dataset`)."""
+    import datasets
+
+    with open(directory / MANIFEST, encoding="utf-8") as fh:
+        shards = json.load(fh)["shards"]
+    parts = [datasets.Dataset.from_file(str(directory / s["file"])) for s in shards]
+    return datasets.concatenate_datasets(parts) if len(parts) != 1 else parts[0]

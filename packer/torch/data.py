@@ -151,9 +151,6 @@ def load_hf_dataset(path: str | Path):
     For trainers that insist on 🤗 datasets (TRL's SFTTrainer). Rows come back as Python lists;
     `collate_packed` accepts them as well as `PackedDataset` rows. Needs `datasets`.
     """
-    import datasets
+    from packer.pipelines.hf_datasets import output_dataset  # the one home of `datasets`
 
-    with open(Path(path) / MANIFEST, encoding="utf-8") as fh:
-        shards = json.load(fh)["shards"]
-    parts = [datasets.Dataset.from_file(str(Path(path) / s["file"])) for s in shards]
-    return datasets.concatenate_datasets(parts) if len(parts) != 1 else parts[0]
+    return output_dataset(Path(path))
