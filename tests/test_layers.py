@@ -476,11 +476,17 @@ def test_numba_probe_sees_numba():
     assert "numba" in modules_after_import("packer.planning.kernels")
 
 
-def test_contract_imports_no_numba():
-    """`import packer.contract` (what an output is) does not load numba."""
-    if not (ROOT / "packer" / "contract").is_dir():
-        pytest.skip("packer/contract does not exist yet (the refactor of issue 23 adds it)")
-    assert "numba" not in modules_after_import("packer.contract")
+@pytest.mark.parametrize("module", ["names", "schema", "manifest", "shards", "outputs"])
+def test_contract_imports_no_numba(module):
+    """`import packer.contract.*` (what an output is) loads neither numba nor torch."""
+    loaded = modules_after_import(f"packer.contract.{module}")
+    assert "numba" not in loaded and "torch" not in loaded
+
+
+def test_cli_imports_no_numba_nor_numpy():
+    """`packer --help` imports the CLI only: no numba, no numpy, no pyarrow."""
+    loaded = modules_after_import("packer.cli")
+    assert not {"numba", "numpy", "pyarrow"} & loaded
 
 
 def test_torch_loader_imports_no_numba():
