@@ -5,4 +5,6 @@ in-memory form) → flatten and validate (reason codes, flat int32 values) → a
 (`read_samples`: every file into one `Samples`). `cache` is the same read streamed to a
 memory-mapped cache when the input outgrows the memory budget, `blocks` reads one block of a
 file for the block pipeline, and `repack` reads a packer output back into its samples.
+`objects` reads Python objects and Arrow tables for `pack_dataset`, and `windows` cuts a stream
+of them into planning windows.
 """
