@@ -7,8 +7,8 @@ their metavars and examples. Only this package imports typer and rich.
 from packer.cli.app import app, finish_commands, run
 
 # the commands register on import, in the order `packer --help` lists them
-from packer.cli import pack  # noqa: E402,F401,I001  isort: skip
-from packer.cli import inspect, plan, verify, warmup  # noqa: E402,F401,I001  isort: skip
+from packer.cli import pack  # noqa: F401  isort: skip
+from packer.cli import inspect, plan, verify, warmup  # noqa: F401  isort: skip
 
 finish_commands()
 
