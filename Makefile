@@ -47,7 +47,7 @@ train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py
 
 # mutation testing of packer/verify/ and packer/torch/collate.py with mutmut (config in setup.cfg;
-# not in CI: 25-50 minutes on 2 cores). Score (89.7 %), command and survivors: docs/mutation.md
+# not in CI: 25-50 minutes on 2 cores). Score, command and survivors: docs/mutation.md
 mutation: setup
 	$(BIN)/pip install -q -e ".[mutation]" "$(TORCH_PIN)"
 	rm -rf mutants
