@@ -86,3 +86,44 @@ def test_structural_checks_alone_name_the_parameter_they_exclude(output, model_d
         "attention=False runs the structural checks alone; drop it to use model_dir"
     )
     assert verify(output, attention=False).ok
+
+
+def test_flags_under_the_cli_and_the_torch_hint(output, model_dir, monkeypatch):
+    from packer.errors import flag_names
+
+    with flag_names(), pytest.raises(UsageError) as info:
+        verify(output, attention=False, model_check=True)
+    assert str(info.value) == (
+        "--no-attention runs the structural checks alone; drop it to use --model-check"
+    )
+    with flag_names(), pytest.raises(UsageError) as info:
+        verify(output, attention=False, model_dir=model_dir)
+    assert str(info.value).endswith("drop it to use --model")
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # `import torch` fails
+    with pytest.raises(UsageError) as info:
+        verify(output)
+    assert str(info.value) == (
+        "the attention check needs torch: pip install 'packer-llm[verify]', or pass "
+        "attention=False for the structural checks alone"
+    )
+
+
+def test_an_output_that_keeps_changing_is_refused_after_two_tries(output, monkeypatch):
+    from packer.verify.output_version import OutputVersion
+
+    opened = []
+    real_init = OutputVersion.__init__
+
+    def counting_init(self, output_dir):
+        opened.append(output_dir)
+        real_init(self, output_dir)
+
+    monkeypatch.setattr(OutputVersion, "__init__", counting_init)
+    monkeypatch.setattr(OutputVersion, "changed", lambda self: True)
+    with pytest.raises(UsageError) as info:
+        verify(output, attention=False)
+    assert str(info.value) == (
+        f"{output}: the output changed while it was being verified, twice (a pack --overwrite "
+        "of it?); verify it once nothing writes it"
+    )
+    assert opened == [output, output]
