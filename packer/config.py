@@ -23,6 +23,8 @@ ENGINES = ("local", "ray")
 # write the same bytes and a manifest's config reruns on either.
 RUNTIME_FIELDS = ("engine", "ray_address")
 
+PAIR_FIELDS = ("prompt_column", "chosen_column", "rejected_column")
+
 TARGET_SHARD_TOKENS = 1 << 24  # ~16M tokens: ~200 MB of int32 columns per shard
 
 
@@ -45,6 +47,13 @@ class PackConfig:
     block_size: int | None = None
     engine: str = "local"  # "local" or "ray"
     ray_address: str | None = None  # None: start a local Ray; "auto", host:port or ray://...
+    # Preference pairs (packer.read.pairs): each input row is a prompt with a chosen and a
+    # rejected completion, packed as two adjacent segments of one row. Recorded in the manifest
+    # only when set, so that sample manifests are as before.
+    pairs: bool = False
+    prompt_column: str = "prompt_input_ids"
+    chosen_column: str = "chosen_input_ids"
+    rejected_column: str = "rejected_input_ids"
 
     def rows_per_shard(self) -> int:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
@@ -88,7 +97,34 @@ class PackConfig:
         if self.ray_address is not None and self.engine != "ray":
             needs = option('engine="ray"', "--engine ray")
             raise UsageError(f"{option('ray_address')} needs {needs}")
+        self.pairs = A.boolean(self.pairs, "pairs")
+        if self.pairs:
+            self._validate_pairs()
         return self
+
+    def _validate_pairs(self) -> None:
+        """A pair is never split, its columns are three distinct names, and it runs on the
+        local engine with one plan (pair files are read whole)."""
+        names = [self.prompt_column, self.chosen_column, self.rejected_column]
+        for name, value in zip(PAIR_FIELDS, names):
+            A.text(value, name)
+        if len(set(names)) != 3:
+            raise UsageError(
+                f"{option('prompt_column')}, {option('chosen_column')} and "
+                f"{option('rejected_column')} must be three different columns, got {names}"
+            )
+        if self.overlength == "split":
+            raise UsageError(
+                f"{option('overlength')} split cannot be used with {option('pairs')}: a pair "
+                "is never split (choose drop or truncate)"
+            )
+        if self.max_len < 2:
+            raise UsageError(f"{option('max_len')} must be at least 2 with {option('pairs')}")
+        if self.block_size is not None or self.engine != "local":
+            raise UsageError(
+                f"{option('pairs')} runs on the local engine with one global plan (no "
+                f"{option('block_size')}, no {option('engine')} ray)"
+            )
 
     def to_dict(self) -> dict:
         """The configuration recorded in the manifest: what shapes the output, nothing else.
@@ -101,6 +137,9 @@ class PackConfig:
             del values[name]
         if values["block_size"] is None:
             del values["block_size"]
+        if not values["pairs"]:
+            for name in ("pairs", *PAIR_FIELDS):
+                del values[name]
         return values
 
 

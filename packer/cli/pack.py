@@ -78,6 +78,31 @@ def pack(
         help="Column holding labels (-100 = no loss); when absent, labels are the input ids. "
         + config_default("labels"),
     ),
+    pairs: Optional[bool] = typer.Option(
+        None,
+        "--pairs/--no-pairs",
+        help="The inputs are preference pairs (prompt, chosen and rejected token ids, TRL's "
+        "tokenized DPO form): each pair becomes two adjacent segments of one row, prompt + "
+        "chosen and prompt + rejected, never split across rows; prompt tokens are labelled -100. "
+        f"--overlength drop or truncate applies to whole pairs. {config_default('no-pairs')}",
+    ),
+    prompt_column: Optional[str] = typer.Option(
+        None,
+        "--prompt-column",
+        help=f"With --pairs: column of the prompt's token ids. {config_default('prompt_input_ids')}",
+    ),
+    chosen_column: Optional[str] = typer.Option(
+        None,
+        "--chosen-column",
+        help="With --pairs: column of the chosen completion's token ids (without the prompt). "
+        + config_default("chosen_input_ids"),
+    ),
+    rejected_column: Optional[str] = typer.Option(
+        None,
+        "--rejected-column",
+        help="With --pairs: column of the rejected completion's token ids (without the "
+        f"prompt). {config_default('rejected_input_ids')}",
+    ),
     on_error: Optional[str] = typer.Option(
         None,
         "--on-error",
@@ -181,6 +206,10 @@ def pack(
                 "block_size": block_size,
                 "engine": engine,
                 "ray_address": ray_address,
+                "pairs": pairs,
+                "prompt_column": prompt_column,
+                "chosen_column": chosen_column,
+                "rejected_column": rejected_column,
             },
         )
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():

@@ -30,3 +30,14 @@ def schema_problem(schema: pa.Schema) -> str | None:
         if got != field.type:
             return f"column '{field.name}' has type {got}, expected {field.type}"
     return None
+
+
+# Preference pairs (`pack --pairs`): each pair is two adjacent segments of one row, prompt +
+# chosen then prompt + rejected. Per segment, `pair_index` is the pair's input row (its global
+# index, as `sample_index` is for samples) and `pair_side` says which completion it holds; a
+# segment's `sample_index` is `2 * pair_index + pair_side`, unique as every sample's is.
+PAIR_SIDES = ("chosen", "rejected")  # pair_side 0 and 1
+PAIR_COLUMNS = ("pair_index", "pair_side")
+PAIR_SCHEMA = SCHEMA.append(pa.field("pair_index", pa.list_(pa.int64()))).append(
+    pa.field("pair_side", pa.list_(pa.int8()))
+)

@@ -49,7 +49,9 @@ def pack(
     directories and globs they are skipped, named directly they are refused. `repack=True`
     reads one packer output back into its original samples instead (see `packer.read.repack`).
 
-    With `config.block_size` or `engine="ray"` the block pipeline runs (`packer.pipelines.blocks`): both
+    With `config.pairs` the inputs are preference pairs (`packer.pipelines.pairs`): each pair
+    becomes two adjacent segments of one row. With `config.block_size` or `engine="ray"` the
+    block pipeline runs (`packer.pipelines.blocks`): both
     engines write the same bytes for the same configuration.
     """
     t0 = time.perf_counter()
@@ -73,6 +75,11 @@ def pack(
             f"(no {option('block_size')})"
         )
     run = {"overwrite": overwrite, "progress": progress, "workers": workers, "t0": t0}
+    if repack and cfg.pairs:
+        raise UsageError(
+            f"{option('repack=True', '--repack')} reads samples back; {option('pairs')} is for "
+            "pair files"
+        )
     if repack:
         from packer.pipelines.repack import pack_repack
 
@@ -80,7 +87,11 @@ def pack(
 
     skipped: list[Path] = []
     inputs = expand_inputs(inputs, skip=out, skipped=skipped)
-    if blocks:
+    if cfg.pairs:
+        from packer.pipelines.pairs import pack_pairs
+
+        result = pack_pairs(inputs, out, cfg, **run)
+    elif blocks:
         from packer.engines import open_engine
         from packer.pipelines.blocks import pack_blocks
 

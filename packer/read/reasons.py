@@ -20,5 +20,6 @@ REASONS = (
     "id_out_of_range",  # an id that does not fit int32
     "missing_labels",  # no labels in this sample, though other samples of the file have them
     "labels_length",  # labels and input_ids differ in length
+    "missing_side",  # a preference pair without its prompt, chosen or rejected column
 )
 REASON_CODE = {name: i + 1 for i, name in enumerate(REASONS)}

@@ -1,0 +1,393 @@
+"""`packer pack --pairs`: preference pairs packed whole, read back from real shards.
+
+Every output is read back with pyarrow (and once with 🤗 datasets) and checked pair by pair
+against the input: both segments of a pair adjacent in one row, prompt + chosen then prompt +
+rejected, prompt tokens and each segment's first token labelled -100.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import read_shards, write_jsonl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from packer.config import PackConfig
+from packer.errors import InputError, UsageError
+from packer.pipelines.pack import pack
+from packer.pipelines.pairs import segment_plan
+from packer.planning.pairs import resolve_pairs
+from packer.planning.strategies import plan
+
+COLS = ("prompt_input_ids", "chosen_input_ids", "rejected_input_ids")
+
+
+def make_pairs(n: int = 60, seed: int = 0, prompt: int = 20, completion: int = 15) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for _ in range(n):
+        p, c, r = (rng.integers(1, 2 * m + 1) for m in (prompt, completion, completion))  # lengths
+        pairs.append(
+            {
+                COLS[0]: rng.integers(0, 1000, p).tolist(),
+                COLS[1]: rng.integers(0, 1000, c).tolist(),
+                COLS[2]: rng.integers(0, 1000, r).tolist(),
+            }
+        )
+    return pairs
+
+
+def pair_table(pairs: list[dict], names=COLS) -> pa.Table:
+    return pa.table(
+        {n: pa.array([p[c] for p in pairs], pa.list_(pa.int32())) for n, c in zip(names, COLS)}
+    )
+
+
+def segments(table: pa.Table):
+    """Every segment of every row: (row, position in row, tokens, labels, pair, side, sample)."""
+    out = []
+    for r, row in enumerate(table.to_pylist()):
+        cu = row["cu_seqlens"]
+        for k in range(len(row["sample_index"])):
+            a, b = cu[k], cu[k + 1]
+            out.append(
+                (
+                    r,
+                    k,
+                    row["input_ids"][a:b],
+                    row["labels"][a:b],
+                    row["pair_index"][k],
+                    row["pair_side"][k],
+                    row["sample_index"][k],
+                )
+            )
+    return out
+
+
+def check_pairs(table: pa.Table, pairs: list[dict], max_len: int) -> set[int]:
+    """Every packed pair is whole, adjacent, in one row, and equal to its input; returns the
+    pairs seen."""
+    seen = {}
+    for row in table.to_pylist():
+        assert len(row["input_ids"]) <= max_len
+        assert row["num_loss_tokens"] == sum(x != -100 for x in row["labels"])
+    segs = segments(table)
+    for r, k, ids, labels, pair, side, sample in segs:
+        assert sample == 2 * pair + side
+        seen.setdefault(pair, []).append((r, k, side, ids, labels))
+    for pair, parts in seen.items():
+        assert [p[2] for p in parts] == [0, 1], "chosen then rejected"
+        (r0, k0, _, ids0, lab0), (r1, k1, _, ids1, lab1) = parts
+        assert r0 == r1 and k1 == k0 + 1, "adjacent in one row"
+        src = pairs[pair]
+        p = src[COLS[0]]
+        assert ids0 == p + src[COLS[1]] and ids1 == p + src[COLS[2]]
+        assert lab0 == [-100] * len(p) + src[COLS[1]]
+        assert lab1 == [-100] * len(p) + src[COLS[2]]
+    return set(seen)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "arrow"])
+def test_every_format_packs_pairs_whole(cli, tmp_path, fmt):
+    pairs = make_pairs(80)
+    path = tmp_path / f"pairs.{fmt}"
+    if fmt == "jsonl":
+        write_jsonl(path, pairs)
+    elif fmt == "parquet":
+        pq.write_table(pair_table(pairs), path)
+    else:
+        with (
+            pa.OSFile(str(path), "wb") as sink,
+            pa.ipc.new_file(sink, pair_table(pairs).schema) as w,
+        ):
+            w.write_table(pair_table(pairs))
+    out = tmp_path / "out"
+    result = cli("pack", path, "-o", out, "-L", "256", "--pairs", "--json")
+    assert result.exit_code == 0, result.output
+    table = read_shards(out)
+    assert check_pairs(table, pairs, 256) == set(range(80))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["pairs"] is True
+    assert manifest["config"]["prompt_column"] == COLS[0]
+    assert manifest["pairs"]["sides"] == ["chosen", "rejected"]
+    assert set(manifest["columns"]) >= {"pair_index", "pair_side"}
+    stats = manifest["stats"]
+    assert stats["samples_in"] == stats["samples_packed"] == 80
+    assert stats["segments"] == 160
+    total = sum(2 * len(p[COLS[0]]) + len(p[COLS[1]]) + len(p[COLS[2]]) for p in pairs)
+    assert (
+        stats["tokens"]
+        == stats["tokens_in"]
+        == total
+        == sum(table["input_ids"].combine_chunks().value_lengths().to_pylist())
+    )
+    assert stats["loss_tokens"] == sum(len(p[COLS[1]]) + len(p[COLS[2]]) for p in pairs)
+    report = json.loads(result.stdout)
+    assert report["rows"] == table.num_rows == stats["rows"]
+
+
+def test_shards_load_with_datasets_and_are_deterministic(cli, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    path = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(50, seed=3))
+    for name in ("a", "b"):
+        assert cli("pack", path, "-o", tmp_path / name, "-L", "128", "--pairs").exit_code == 0
+    a = (tmp_path / "a" / "shard-00000.arrow").read_bytes()
+    assert a == (tmp_path / "b" / "shard-00000.arrow").read_bytes()
+    ds = datasets.Dataset.from_file(str(tmp_path / "a" / "shard-00000.arrow"))
+    assert ds.features["pair_side"].feature.dtype == "int8"
+    assert sorted(set(x for row in ds["pair_index"] for x in row)) == list(range(50))
+
+
+def test_column_names_and_python_api(tmp_path):
+    pairs = make_pairs(30, seed=1)
+    names = ("prompt_ids", "chosen_ids", "rejected_ids")  # TRL 1.x's names
+    pq.write_table(pair_table(pairs, names), tmp_path / "p.parquet")
+    cfg = PackConfig(
+        max_len=200,
+        pairs=True,
+        prompt_column=names[0],
+        chosen_column=names[1],
+        rejected_column=names[2],
+        strategy="ffd",
+    )
+    result = pack(tmp_path / "p.parquet", tmp_path / "out", cfg)
+    assert check_pairs(read_shards(tmp_path / "out"), pairs, 200) == set(range(30))
+    assert result.stats["segments"] == 60
+    with pytest.raises(InputError, match="no 'prompt_input_ids' column"):
+        pack(tmp_path / "p.parquet", tmp_path / "out2", PackConfig(max_len=200, pairs=True))
+
+
+@pytest.mark.parametrize("strategy", ["bfd", "ffd", "nf", "ff-shuffle", "histogram"])
+def test_strategies_and_windows_keep_pairs_whole(cli, tmp_path, strategy):
+    pairs = make_pairs(120, seed=7)
+    path = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    result = cli(
+        "pack",
+        path,
+        "-o",
+        tmp_path / "o",
+        "-L",
+        "300",
+        "--pairs",
+        "--strategy",
+        strategy,
+        "--window",
+        "50",
+    )
+    assert result.exit_code == 0, result.output
+    assert check_pairs(read_shards(tmp_path / "o"), pairs, 300) == set(range(120))
+
+
+def test_overlength_pairs_error_drop_truncate(cli, tmp_path):
+    pairs = make_pairs(40, seed=2, prompt=30, completion=30)
+    path = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    need = [2 * len(p[COLS[0]]) + len(p[COLS[1]]) + len(p[COLS[2]]) for p in pairs]
+    L = 120
+    over = [i for i, n in enumerate(need) if n > L]
+    assert over
+    result = cli("pack", path, "-o", tmp_path / "e", "-L", L, "--pairs")
+    assert result.exit_code == 1
+    assert f"{len(over)} pair(s) need more than --max-len {L}" in result.output
+    assert f"pairs.jsonl: line {over[0] + 1}" in result.output
+    assert not (tmp_path / "e").exists()
+
+    assert (
+        cli(
+            "pack", path, "-o", tmp_path / "d", "-L", L, "--pairs", "--overlength", "drop"
+        ).exit_code
+        == 0
+    )
+    stats = json.loads((tmp_path / "d" / "manifest.json").read_text())["stats"]
+    assert stats["dropped"] == len(over) and stats["samples_packed"] == 40 - len(over)
+    assert check_pairs(read_shards(tmp_path / "d"), pairs, L) == set(range(40)) - set(over)
+
+    assert (
+        cli(
+            "pack", path, "-o", tmp_path / "t", "-L", L, "--pairs", "--overlength", "truncate"
+        ).exit_code
+        == 0
+    )
+    stats = json.loads((tmp_path / "t" / "manifest.json").read_text())["stats"]
+    assert stats["truncated"] == len(over) and stats["samples_packed"] == 40
+    table = read_shards(tmp_path / "t")
+    by_pair = {}
+    for r, _, ids, labels, pair, side, _ in segments(table):
+        by_pair.setdefault(pair, {})[side] = (r, ids, labels)
+    removed = 0
+    for i, src in enumerate(pairs):
+        (r0, c_ids, c_lab), (r1, r_ids, r_lab) = by_pair[i][0], by_pair[i][1]
+        assert r0 == r1
+        n_prompt = sum(x == -100 for x in c_lab)  # the prompt, its first token included
+        assert c_lab[:n_prompt] == r_lab[:n_prompt] == [-100] * n_prompt
+        prompt = c_ids[:n_prompt]
+        assert prompt == r_ids[:n_prompt] and prompt == src[COLS[0]][len(src[COLS[0]]) - n_prompt :]
+        assert (
+            c_ids[n_prompt:] == src[COLS[1]][: len(c_ids) - n_prompt]
+        )  # completions keep their start
+        assert r_ids[n_prompt:] == src[COLS[2]][: len(r_ids) - n_prompt]
+        assert len(c_ids) + len(r_ids) <= L
+        removed += need[i] - len(c_ids) - len(r_ids)
+        if i not in over:
+            assert len(c_ids) + len(r_ids) == need[i]
+    assert stats["tokens_removed"] == removed > 0
+
+    result = cli("pack", path, "-o", tmp_path / "s", "-L", L, "--pairs", "--overlength", "split")
+    assert result.exit_code == 2
+    assert "--overlength split cannot be used with --pairs" in result.output
+
+
+def _lines(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+GOOD = '{"prompt_input_ids": [1, 2], "chosen_input_ids": [3], "rejected_input_ids": [4, 5]}'
+
+
+@pytest.mark.parametrize(
+    ("line", "message", "reason"),
+    [
+        (
+            '{"prompt_input_ids": [1, 2], "chosen_input_ids": [3]}',
+            "no 'rejected_input_ids' in this pair",
+            "missing_side",
+        ),
+        (
+            '{"prompt_input_ids": [1, 2], "chosen_input_ids": [], "rejected_input_ids": [4]}',
+            "empty chosen completion: 'chosen_input_ids' is []",
+            "empty",
+        ),
+        (
+            '{"prompt_input_ids": [], "chosen_input_ids": [3], "rejected_input_ids": [4]}',
+            "empty prompt: 'prompt_input_ids' is []",
+            "empty",
+        ),
+        (
+            '{"prompt_input_ids": [1, -2], "chosen_input_ids": [3], "rejected_input_ids": [4]}',
+            "'prompt_input_ids'[1] = -2 is a negative token id",
+            "negative_id",
+        ),
+        (
+            '{"prompt_input_ids": [1], "chosen_input_ids": [3, "x"], "rejected_input_ids": [4]}',
+            "'chosen_input_ids'[1] is \"x\", not an integer",
+            "not_integer_list",
+        ),
+        ('{"prompt_input_ids": [1', "malformed JSON", "malformed_json"),
+    ],
+)
+def test_bad_pairs_are_named_by_line(cli, tmp_path, line, message, reason):
+    path = _lines(tmp_path, [GOOD, GOOD, line, GOOD])
+    result = cli("pack", path, "-o", tmp_path / "o", "-L", "64", "--pairs")
+    assert result.exit_code == 1
+    assert f"bad.jsonl: line 3: {message}" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+    result = cli("pack", path, "-o", tmp_path / "s", "-L", "64", "--pairs", "--on-error", "skip")
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["stats"]["rejected_by_reason"] == {reason: 1}
+    assert manifest["stats"]["samples_in"] == 4 and manifest["stats"]["samples_packed"] == 3
+    (record,) = [json.loads(x) for x in (tmp_path / "s" / "rejects.jsonl").read_text().splitlines()]
+    assert record["line"] == 3 and record["sample_index"] == 2 and record["reason"] == reason
+    pairs = {x for row in read_shards(tmp_path / "s")["pair_index"].to_pylist() for x in row}
+    assert pairs == {0, 1, 3}  # the bad pair's index stays reserved
+
+
+def test_files_that_disagree_on_columns(cli, tmp_path):
+    pq.write_table(pair_table(make_pairs(5)), tmp_path / "a.parquet")
+    pq.write_table(pair_table(make_pairs(5)).drop_columns([COLS[2]]), tmp_path / "b.parquet")
+    result = cli(
+        "pack",
+        tmp_path / "a.parquet",
+        tmp_path / "b.parquet",
+        "-o",
+        tmp_path / "o",
+        "-L",
+        "99",
+        "--pairs",
+    )
+    assert result.exit_code == 1
+    assert "b.parquet: no 'rejected_input_ids' column: a pair needs all of" in result.output
+    path = _lines(tmp_path, ['{"prompt_input_ids": [1], "chosen_input_ids": [3]}'] * 3)
+    result = cli("pack", path, "-o", tmp_path / "o", "-L", "99", "--pairs")
+    assert result.exit_code == 1
+    assert "bad.jsonl: no pair has 'rejected_input_ids'" in result.output
+
+
+def test_pair_options_are_checked(tmp_path):
+    with pytest.raises(UsageError, match="three different columns"):
+        PackConfig(max_len=9, pairs=True, chosen_column="prompt_input_ids").validate()
+    with pytest.raises(UsageError, match="local engine with one global plan"):
+        PackConfig(max_len=9, pairs=True, block_size=1 << 20).validate()
+    with pytest.raises(UsageError, match="pairs must be True or False"):
+        PackConfig(max_len=9, pairs="yes").validate()
+    assert "pairs" not in PackConfig(max_len=9).validate().to_dict()  # sample manifests as before
+
+
+# --------------------------------------------------------------------------------------------
+# Properties: the planner never splits a pair, and truncation keeps the most it can
+
+
+def _truncate_reference(p: int, c: int, r: int, L: int) -> tuple[int, int, int]:
+    """Plain Python: the prompt whole if one token of each completion fits beside it, else its
+    last (L - 2) // 2 tokens; then the largest common cap on the completions."""
+    if 2 * p + c + r <= L:
+        return p, c, r
+    if 2 * p + 2 > L:
+        p = (L - 2) // 2
+    best = 1
+    for m in range(1, max(c, r) + 1):
+        if 2 * p + min(c, m) + min(r, m) <= L:
+            best = m
+    return p, min(c, best), min(r, best)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40)),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(2, 120),
+)
+def test_truncate_matches_reference(lengths, L):
+    p, c, r = (np.array(x) for x in zip(*lengths))
+    got = resolve_pairs(p, c, r, L, "truncate")
+    for i, (pi, ci, ri) in enumerate(lengths):
+        assert (
+            int(got.prompt[i]),
+            int(got.chosen[i]),
+            int(got.rejected[i]),
+        ) == _truncate_reference(pi, ci, ri, L)
+        assert got.prompt_cut[i] == pi - got.prompt[i]
+    assert (got.item_lengths <= L).all()
+    assert got.tokens_removed == int((2 * p + c + r).sum() - got.item_lengths.sum())
+    dropped = resolve_pairs(p, c, r, L, "drop")
+    assert dropped.dropped == int(((2 * p + c + r) > L).sum())
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(2, 100), min_size=1, max_size=80),
+    st.sampled_from(["bfd", "ffd", "nf", "ff-shuffle", "histogram"]),
+    st.one_of(st.none(), st.integers(1, 30)),
+)
+def test_segment_plan_keeps_pairs_adjacent(items, strategy, window):
+    items = np.array(items)
+    pl = segment_plan(plan(items, 100, strategy, seed=1, window=window))
+    seg_len = np.repeat(items, 2) // 2  # any split of each item into its two segments
+    seen = np.zeros(2 * items.size, int)
+    for r in range(pl.num_rows):
+        row = pl.row(r)
+        assert len(row) % 2 == 0
+        assert (row[0::2] % 2 == 0).all() and (row[1::2] == row[0::2] + 1).all()
+        assert seg_len[row].sum() <= 100
+        seen[row] += 1
+    assert (seen == 1).all()
