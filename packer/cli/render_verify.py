@@ -25,6 +25,11 @@ def _summary(name: str, d: dict) -> str:
         return f"{_fmt(d.get('shards'))} shard(s): counts and hashes"
     if name == "input":
         return f"{_fmt(d.get('samples'))} source samples, tokens and labels"
+    if name == "pairs":
+        return (
+            f"{_fmt(d.get('pairs'))} pairs whole, adjacent, in one row, one prompt "
+            f"({_fmt(d.get('segments'))} segments)"
+        )
     if name == "attention":
         return (
             f"{d.get('backend')} ({d.get('device')}, {d.get('dtype')}), "

@@ -26,6 +26,15 @@ from packer.torch.collate import MODES, block_causal_mask, collate_packed, model
 from packer.torch.data import PackedDataset, load_hf_dataset
 from packer.torch.isolation import IsolationError, IsolationReport, check_isolation
 from packer.torch.loss import step_loss_tokens, sum_token_loss
+from packer.torch.preference import (
+    PairLogps,
+    collate_pairs,
+    dpo_loss,
+    last_token_scores,
+    pair_logps,
+    reward_loss,
+    segment_logps,
+)
 from packer.torch.sampler import PackedBatchSampler, plan_batches
 
 __all__ = [
@@ -34,13 +43,20 @@ __all__ = [
     "IsolationReport",
     "MODES",
     "PackedBatchSampler",
+    "PairLogps",
     "PackedDataset",
     "block_causal_mask",
     "check_isolation",
     "collate_packed",
+    "collate_pairs",
+    "dpo_loss",
+    "last_token_scores",
     "load_hf_dataset",
     "model_inputs",
+    "pair_logps",
     "plan_batches",
+    "reward_loss",
+    "segment_logps",
     "step_loss_tokens",
     "sum_token_loss",
 ]

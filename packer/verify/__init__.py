@@ -115,10 +115,8 @@ def verify(
         for attempt in range(2):
             manifest = version.manifest
             if inputs and columns != _columns(manifest):
-                from packer.read.assemble import read_samples
-
                 columns = _columns(manifest)
-                source = read_samples(inputs, *columns, on_error="skip")  # verify counts rejects
+                source = _read_source(inputs, manifest)
             checks = _checks_of_version(version, source, run)
             if checks is not None:
                 return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)
@@ -172,10 +170,24 @@ def _checks_of_version(version: OutputVersion, source, run) -> dict | None:
     return None if version.changed() else checks
 
 
-def _columns(manifest: dict) -> tuple[str, str | None]:
+def _columns(manifest: dict) -> tuple:
     """The source columns the output was packed from (how `--input` is read)."""
     cfg = manifest["config"]
+    if cfg.get("pairs"):
+        return "pairs", cfg["prompt_column"], cfg["chosen_column"], cfg["rejected_column"]
     return cfg["input_column"], cfg["labels_column"] or None
+
+
+def _read_source(inputs: list, manifest: dict):
+    """The `--input` samples (or pairs, for a pairs output), bad ones counted, not raised."""
+    columns = _columns(manifest)
+    if columns[0] == "pairs":
+        from packer.read.pairs import read_pairs
+
+        return read_pairs(inputs, columns[1:], on_error="skip")
+    from packer.read.assemble import read_samples
+
+    return read_samples(inputs, *columns, on_error="skip")  # verify counts rejects
 
 
 def _run_checks(
@@ -205,9 +217,15 @@ def _run_checks(
         CheckResult("input") if source is not None else _not_run("input", "no --input given")
     )
     on_shard = _stage(progress, STAGE_STRUCTURE)
+    pairs = bool(manifest["config"].get("pairs"))
     statuses = check_structure(
-        out, manifest, source, structure, manifest_check, input_check, on_shard
+        out, manifest, None if pairs else source, structure, manifest_check, input_check, on_shard
     )
+    if pairs:
+        from packer.verify.pairs import check_pairs
+
+        pairs_check = add(CheckResult("pairs"))
+        check_pairs(out, statuses, pairs_check, manifest, source, input_check)
 
     if chosen is None:
         for name in ("attention", "negative_control", "model", "user_model"):

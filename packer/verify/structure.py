@@ -148,6 +148,17 @@ def _check_stats(stats: dict, totals: dict, result: CheckResult) -> None:
             )
 
 
+def pair_segments_view(manifest: dict, rejected: np.ndarray | None):
+    """A pairs output's manifest and rejects as provenance reads samples: each pair's two
+    segments are samples 2p and 2p + 1, so inputs, drops and rejects count twice."""
+    stats = dict(manifest["stats"])
+    stats["samples_in"] = 2 * int(stats["samples_in"])
+    stats["dropped"] = 2 * int(stats["dropped"])
+    if rejected is not None:
+        rejected = np.stack([2 * rejected, 2 * rejected + 1], 1).ravel()
+    return {**manifest, "stats": stats}, rejected
+
+
 def check_structure(
     output_dir: Path,
     manifest: dict,
@@ -169,9 +180,12 @@ def check_structure(
     source_rejected: np.ndarray | bool = False
     if source is not None:
         source, source_rejected = source_to_compare(source, manifest, rejected, input_check)
+    pairs = bool(cfg.get("pairs"))
+    # provenance counts segments: pair p is samples 2p and 2p + 1
+    seen, rejected = pair_segments_view(manifest, rejected) if pairs else (manifest, rejected)
     prov = check_provenance(
         statuses,
-        manifest,
+        seen,
         source,
         max_len,
         input_check if source is not None else structure,
@@ -179,6 +193,8 @@ def check_structure(
         source_rejected,
     )
     totals = _totals(statuses, prov, pad)
+    if pairs:
+        totals["samples_packed"] //= 2
     if structure.ok:
         _check_stats(manifest["stats"], totals, manifest_check)
     if source is not None:
