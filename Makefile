@@ -42,6 +42,7 @@ bench: setup
 	$(BIN)/python scripts/bench_api.py --runs 3
 	$(BIN)/python scripts/bench_balance.py
 	$(BIN)/python scripts/bench_ray.py --runs 3
+	$(BIN)/python scripts/bench_pairs.py --pairs 10000 -L 4096 --batch 4 8 16
 
 train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py

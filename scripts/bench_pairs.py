@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 
 def _make_pairs_module():
     path = Path(__file__).with_name("make_pairs.py")
@@ -43,7 +41,9 @@ def trl_padded(prompt, chosen, rejected, batch: int) -> tuple[int, int]:
     for a in range(0, len(prompt), batch):
         examples = [
             {"prompt_ids": [1] * int(p), "chosen_ids": [1] * int(c), "rejected_ids": [1] * int(r)}
-            for p, c, r in zip(prompt[a : a + batch], chosen[a : a + batch], rejected[a : a + batch])
+            for p, c, r in zip(
+                prompt[a : a + batch], chosen[a : a + batch], rejected[a : a + batch]
+            )
         ]
         out = collator(examples)
         sequences += out["input_ids"].shape[0]

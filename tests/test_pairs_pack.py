@@ -391,3 +391,23 @@ def test_segment_plan_keeps_pairs_adjacent(items, strategy, window):
         assert seg_len[row].sum() <= 100
         seen[row] += 1
     assert (seen == 1).all()
+
+
+def test_bench_pairs_prints_its_table(tmp_path):
+    """scripts/bench_pairs.py runs, and TRL's padded batches process more tokens than packed."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("trl")
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, str(root / "scripts" / "bench_pairs.py"), "--pairs", "60", "-L", "1024"]
+        + ["--batch", "4", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert rows[1].startswith("| packer --pairs, flatten |") and rows[1].endswith("| 1.00 |")
+    ratio = float(rows[3].rsplit("|", 2)[1])
+    assert rows[3].startswith("| TRL DataCollatorForPreference, 4 pairs/batch |") and ratio > 1
