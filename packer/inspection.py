@@ -15,6 +15,7 @@ import numpy as np
 
 from packer.contract.manifest import read_manifest
 from packer.contract.names import IGNORE_INDEX
+from packer.contract.schema import PAIR_SIDES
 from packer.contract.shards import ShardArrays, read_shard
 from packer.errors import UsageError, option
 from packer.read.samples import SourceFile
@@ -117,7 +118,8 @@ def source_text(seg: dict) -> str:
         return "padding"
     src = seg["source"]
     where = next((f"{k} {src[k]}" for k in ("line", "row", "sample_in_file") if k in src), "")
-    return f"{src.get('file')}: {where}"
+    side = f" ({seg['pair_side']})" if "pair_side" in seg else ""
+    return f"{src.get('file')}: {where}{side}"
 
 
 def segment_bins(hist: dict, max_bins: int = 16) -> tuple[list[str], list[int]]:
@@ -135,7 +137,9 @@ def segment_bins(hist: dict, max_bins: int = 16) -> tuple[list[str], list[int]]:
     return labels, counts
 
 
-def _row_view(shards: _Shards, sources: list[SourceFile], row: int, tokenizer) -> dict:
+def _row_view(
+    shards: _Shards, sources: list[SourceFile], row: int, tokenizer, pairs: bool = False
+) -> dict:
     b, r = shards.locate(row)
     data = b.row(r)
     cu, ids, labels = data["cu_seqlens"], data["input_ids"], data["labels"]
@@ -150,8 +154,11 @@ def _row_view(shards: _Shards, sources: list[SourceFile], row: int, tokenizer) -
             seg.update(
                 sample_index=index,
                 sample_offset=int(data["sample_offset"][k]),
-                source=_where(sources, index),
+                # a pairs output: segment 2p + side of the pair in input row p
+                source=_where(sources, index // 2 if pairs else index),
             )
+            if pairs:
+                seg.update(pair_index=index // 2, pair_side=PAIR_SIDES[index % 2])
         else:
             seg["padding"] = True
         seg["loss_tokens"] = int((~masked).sum())
@@ -249,7 +256,9 @@ def inspect(
         "shards": len(manifest["shards"]),
         "mean_fill": float(fill.mean()) if fill.size else 0.0,
         "histograms": hist,
-        "row_views": [_row_view(shards, sources, r, tokenizer) for r in wanted],
+        "row_views": [
+            _row_view(shards, sources, r, tokenizer, bool(cfg.get("pairs"))) for r in wanted
+        ],
     }
     if "repacked_from" in manifest:
         report["repacked_from"] = manifest["repacked_from"]

@@ -232,6 +232,10 @@ def test_overlength_pairs_error_drop_truncate(cli, tmp_path):
         )  # completions keep their start
         assert r_ids[n_prompt:] == src[COLS[2]][: len(r_ids) - n_prompt]
         assert len(c_ids) + len(r_ids) <= L
+        if i in over and len(src[COLS[0]]) > L // 4:  # long prompts keep a quarter of the row
+            assert n_prompt >= L // 4
+        if i in over:  # each side keeps as much completion as it had, or L/4 - 1 at least
+            assert len(c_ids) - n_prompt >= min(len(src[COLS[1]]), L // 4 - 1)
         removed += need[i] - len(c_ids) - len(r_ids)
         if i not in over:
             assert len(c_ids) + len(r_ids) == need[i]
@@ -335,12 +339,12 @@ def test_pair_options_are_checked(tmp_path):
 
 
 def _truncate_reference(p: int, c: int, r: int, L: int) -> tuple[int, int, int]:
-    """Plain Python: the prompt whole if one token of each completion fits beside it, else its
-    last (L - 2) // 2 tokens; then the largest common cap on the completions."""
+    """Plain Python: a prompt over L // 4 tokens keeps its end, as much as the whole completions
+    leave room for but at least L // 4; then the largest common cap on the completions."""
     if 2 * p + c + r <= L:
         return p, c, r
-    if 2 * p + 2 > L:
-        p = (L - 2) // 2
+    if p > L // 4:
+        p = min(p, max(L // 4, (L - c - r) // 2))
     best = 1
     for m in range(1, max(c, r) + 1):
         if 2 * p + min(c, m) + min(r, m) <= L:
@@ -411,3 +415,17 @@ def test_bench_pairs_prints_its_table(tmp_path):
     assert rows[1].startswith("| packer --pairs, flatten |") and rows[1].endswith("| 1.00 |")
     ratio = float(rows[3].rsplit("|", 2)[1])
     assert rows[3].startswith("| TRL DataCollatorForPreference, 4 pairs/batch |") and ratio > 1
+
+
+def test_inspect_names_each_side_and_its_input_line(cli, tmp_path):
+    pairs = make_pairs(6, seed=4)
+    path = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    assert cli("pack", path, "-o", tmp_path / "o", "-L", "512", "--pairs").exit_code == 0
+    result = cli("inspect", tmp_path / "o", "--row", "0", "--json")
+    assert result.exit_code == 0, result.output
+    (view,) = json.loads(result.stdout)["row_views"]
+    segs = view["segments"]
+    assert [s["pair_side"] for s in segs] == ["chosen", "rejected"] * (len(segs) // 2)
+    for s in segs:
+        assert s["sample_index"] == 2 * s["pair_index"] + (s["pair_side"] == "rejected")
+        assert s["source"] == {"file": str(path), "line": s["pair_index"] + 1}

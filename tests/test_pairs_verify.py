@@ -13,6 +13,8 @@ import json
 import numpy as np
 import pytest
 from conftest import write_jsonl
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import packer.pipelines.pairs as pairs_pipeline
 from packer.config import PackConfig
@@ -165,3 +167,40 @@ def test_input_with_a_missing_pair_is_caught(data, tmp_path):
     assert any(
         "pair 10 (chosen) of the input is in no row" in m for m in _failures(result, "input")
     )
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lengths=st.lists(
+        st.tuples(st.integers(1, 30), st.integers(1, 30), st.integers(1, 30)),
+        min_size=1,
+        max_size=30,
+    ),
+    max_len=st.integers(8, 120),
+    strategy=st.sampled_from(["bfd", "ffd", "nf", "ff-shuffle", "histogram"]),
+    overlength=st.sampled_from(["drop", "truncate"]),
+)
+def test_any_pairs_pack_into_outputs_verify_passes(
+    tmp_path, lengths, max_len, strategy, overlength
+):
+    """Property: whatever the pairs, row length, strategy and over-length rule, the output
+    holds every kept pair whole and adjacent in one row, and verify (with --input) passes."""
+    import shutil
+
+    rng = np.random.default_rng(len(lengths))
+    pairs = [{c: rng.integers(3, 500, n).tolist() for c, n in zip(COLS, lens)} for lens in lengths]
+    work = tmp_path / "prop"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    path = write_jsonl(work / "p.jsonl", pairs)
+    need = [2 * p + c + r for p, c, r in lengths]
+    if overlength == "drop" and all(n > max_len for n in need):
+        return  # nothing left to pack: an empty output is refused elsewhere
+    cfg = PackConfig(max_len=max_len, pairs=True, strategy=strategy, overlength=overlength)
+    stats = pack(path, work / "o", cfg).stats
+    result = verify(work / "o", [path], attention=False)
+    assert result.ok, [f.message for c in result.checks.values() for f in c.failures]
+    kept = [i for i, n in enumerate(need) if n <= max_len or overlength == "truncate"]
+    assert result.checks["pairs"].details["pairs"] == len(kept) == stats["samples_packed"]

@@ -1,13 +1,14 @@
 """Preference pairs longer than a row: drop them or truncate them, never split them.
 
 A pair (prompt P, chosen C, rejected R) is packed as two segments, P + C and P + R, in one row,
-so it needs `2P + C + R` tokens of a row of `max_len`. `truncate` follows TRL's preference
-truncation where it can: the completions keep their start and the prompt stays whole (TRL's
-`keep_start`), the longer completion cut first and both to a common length when that is not
-enough (as TRL's `max_completion_length` caps both sides alike). Only when the prompt alone
-leaves no room for one token of each completion does the prompt keep its end (TRL's
-`keep_end`), down to `(max_len - 2) // 2` tokens. `drop` leaves the pair out. Every affected
-pair is counted.
+so it needs `2P + C + R` tokens of a row of `max_len` L. `truncate` follows TRL's preference
+truncation where it can. A prompt of more than L / 4 tokens keeps its end (TRL 0.x's
+`keep_end` with `max_prompt_length` half of each side's share of the row): as much of it as
+the whole completions leave room for, and at least L / 4 tokens. Then the completions keep
+their start (TRL's `keep_start`): the longer one is cut first, then both to one length (as
+TRL's `max_completion_length` caps both sides alike), so each side keeps at least L / 4 - 1
+tokens of completion wherever it had them. A shorter prompt is never cut. `drop` leaves the
+pair out. Every affected pair is counted.
 """
 
 from __future__ import annotations
@@ -97,8 +98,11 @@ def resolve_pairs(
             f"{where(first)}); choose what to do with them with {option('overlength')} "
             "drop|truncate (a pair is never split)"
         )
-    # truncate: the prompt keeps its end only when it leaves no room for the completions
-    kept_prompt = np.where(over & (2 * prompt + 2 > max_len), (max_len - 2) // 2, prompt)
+    # truncate: a prompt over a quarter of the row keeps its end, as much of it as the whole
+    # completions leave room for, and at least a quarter of the row
+    quarter = max_len // 4
+    cut_to = np.maximum(quarter, (max_len - chosen - rejected) // 2)
+    kept_prompt = np.where(over & (prompt > quarter), np.minimum(prompt, cut_to), prompt)
     budget = max_len - 2 * kept_prompt
     shorter, longer = np.minimum(chosen, rejected), np.maximum(chosen, rejected)
     cap = np.where(over, completion_cap(shorter, longer, budget), longer)
