@@ -45,6 +45,7 @@ LAYERS = {
     "packer.engines": 7,
     "packer.pipelines": 8,
     "packer.torch": 9,
+    "packer.export": 9,
     "packer.verify": 10,
     "packer.inspection": 11,
     "packer.inspect_html": 12,

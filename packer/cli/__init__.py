@@ -8,7 +8,7 @@ from packer.cli.app import app, finish_commands, run
 
 # the commands register on import, in the order `packer --help` lists them
 from packer.cli import pack  # noqa: F401  isort: skip
-from packer.cli import inspect, plan, verify, warmup  # noqa: F401  isort: skip
+from packer.cli import inspect, plan, verify, export, warmup  # noqa: F401  isort: skip
 
 finish_commands()
 

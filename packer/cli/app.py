@@ -155,6 +155,11 @@ EXAMPLES = {
         "packer verify packed -i data/train.jsonl --rows all",
         "packer verify packed --no-attention",
     ],
+    "export": [
+        "packer export packed --to megatron-bridge -o packed-bridge --eos-id 2",
+        "packer export packed --to mds -o packed-mds",
+        "packer export packed --to trl -o packed-trl",
+    ],
     "warmup": ["packer warmup"],
 }
 

@@ -1,0 +1,82 @@
+"""`packer export`: a committed packer output in the format another trainer reads."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packer.cli.app import DEBUG, JSON, app, choices, user_errors
+
+FORMATS = ("megatron-bridge", "megatron", "mds", "trl")
+
+
+@app.command("export")
+def export_command(
+    directory: Path = typer.Argument(
+        ..., metavar="OUT", help="A committed packer output directory (shards and manifest.json)."
+    ),
+    to: str = typer.Option(
+        ..., "--to", help=f"The trainer's format: {choices(FORMATS)}. See docs/export.md."
+    ),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="The export directory to create (atomically)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Replace an existing export in --output. [default: off]"
+    ),
+    vocab_size: Optional[int] = typer.Option(
+        None,
+        "--vocab-size",
+        help="megatron: the vocabulary size that picks the token dtype (uint16 below 65500, "
+        "else int32). [default: the largest token id + 1]",
+    ),
+    eos_id: Optional[int] = typer.Option(
+        None,
+        "--eos-id",
+        help="megatron-bridge: the tokenizer's EOS id, which Bridge pads rows with; recorded in "
+        "the export's manifest. [default: none]",
+    ),
+    accept: Optional[list[str]] = typer.Option(
+        None,
+        "--accept",
+        help="Accept a change the format forces on training (repeatable): labels-from-ids "
+        "(megatron-bridge: train on the next input id where a label differs from it). "
+        "[default: none: such an output is refused]",
+    ),
+    mds_size_limit: int = typer.Option(
+        1 << 26, "--mds-size-limit", help="mds: the largest shard file in bytes."
+    ),
+    json_out: bool = JSON,
+    debug: bool = DEBUG,
+) -> None:
+    """Write a packer output as Megatron-Bridge, Megatron-LM, MosaicML MDS or TRL data."""
+    from packer.cli.render import stderr
+    from packer.export import export
+
+    with user_errors(debug):
+        result = export(
+            directory,
+            to,
+            output,
+            overwrite=overwrite,
+            vocab_size=vocab_size,
+            eos_id=eos_id,
+            accept=tuple(accept or ()),
+            mds_size_limit=mds_size_limit,
+        )
+    if json_out:
+        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+        return
+    for note in result.notes:
+        stderr.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
+    stderr.print(
+        f"exported {result.rows:,} rows ({result.samples:,} samples, {result.tokens:,} tokens) "
+        f"as {to} to {result.dest} in {result.seconds:.2f} s",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )

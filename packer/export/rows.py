@@ -1,0 +1,200 @@
+"""A committed packer output read back batch by batch, as the flat arrays every exporter needs.
+
+Each record batch of each shard becomes one `RowBatch`: the rows' real tokens (a `--pad` tail,
+which is its own final segment, cut off: every trainer pads its own way), their labels, and the
+samples' lengths and provenance, all as Arrow-style offsets + values built with numpy, so an
+export costs a few vector operations per batch and never a Python loop per sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from packer.contract.manifest import read_manifest
+from packer.contract.names import IGNORE_INDEX
+from packer.contract.shards import ShardArrays, read_shard
+from packer.errors import InputError
+
+
+@dataclass
+class RowBatch:
+    """Rows r = 0..rows-1 of one record batch, padding removed.
+
+    Row r's tokens are `ids[off[r]:off[r + 1]]` (labels alike); its samples are
+    `seq_lens[seq_off[r]:seq_off[r + 1]]`, in order, with their `sample_index` and
+    `sample_offset` at the same places.
+    """
+
+    shard: str  # the shard file the rows come from
+    first_row: int  # the first row's number in that shard
+    rows: int
+    off: np.ndarray  # int64, rows + 1
+    ids: np.ndarray  # int32
+    labels: np.ndarray  # int32
+    seq_off: np.ndarray  # int64, rows + 1
+    seq_lens: np.ndarray  # int64, one per sample
+    sample_index: np.ndarray  # int64, one per sample
+    sample_offset: np.ndarray  # int32, one per sample
+
+    @property
+    def row_lens(self) -> np.ndarray:
+        return np.diff(self.off)
+
+    @property
+    def samples_per_row(self) -> np.ndarray:
+        return np.diff(self.seq_off)
+
+    def token_starts(self) -> np.ndarray:
+        """Where each sample starts in `ids` (int64, one per sample): rows hold no padding, so
+        the samples of a batch tile its tokens."""
+        return np.cumsum(self.seq_lens) - self.seq_lens
+
+    def seq_starts(self) -> np.ndarray:
+        """Where each sample starts inside its row (int64, one per sample)."""
+        return self.token_starts() - np.repeat(self.off[:-1], self.samples_per_row)
+
+    def first_token_mask(self) -> np.ndarray:
+        """True on the first token of every sample (bool, one per token)."""
+        mask = np.zeros(self.ids.size, dtype=bool)
+        mask[self.token_starts()] = True
+        return mask
+
+    def last_token_mask(self) -> np.ndarray:
+        """True on the last token of every sample (bool, one per token)."""
+        mask = np.zeros(self.ids.size, dtype=bool)
+        mask[np.cumsum(self.seq_lens) - 1] = True
+        return mask
+
+
+def segment_positions(lengths: np.ndarray) -> np.ndarray:
+    """0..len-1 for each segment, concatenated (the positions packer writes)."""
+    total = int(lengths.sum())
+    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+
+
+def row_batch(batch: ShardArrays) -> RowBatch:
+    """The rows of one shard batch without padding, checked where an exporter relies on them.
+
+    Raises InputError naming the shard and row when a row's positions do not restart at every
+    boundary: every target format rebuilds positions from the boundaries alone."""
+    rows = batch.rows
+    n_samples = np.diff(batch.si_off).astype(np.int64)
+    n_segments = np.diff(batch.cu_off).astype(np.int64) - 1
+    cu_base = batch.cu_off[:-1].astype(np.int64)
+    # the segment lengths of every row (padding included), then the positions they imply
+    seg_lens = np.diff(batch.cu.astype(np.int64))
+    keep = np.ones(seg_lens.size, dtype=bool)
+    if seg_lens.size:
+        keep[batch.cu_off[1:-1].astype(np.int64) - 1] = False  # the step from one row to the next
+    seg_lens = seg_lens[keep]
+    expected = segment_positions(seg_lens)
+    if expected.size != batch.pos.size or not np.array_equal(expected, batch.pos):
+        bad = _first_bad_row(batch, expected)
+        raise InputError(
+            f"row {batch.shard_row(bad)}: position_ids do not restart at every cu_seqlens "
+            "boundary; the export formats rebuild positions from the boundaries",
+            where=batch.name,
+        )
+    # real length of each row: the cu entry after its last sample
+    real = batch.cu[(cu_base + n_samples)].astype(np.int64)
+    ids_off = batch.ids_off.astype(np.int64)
+    off = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(real, out=off[1:])
+    if np.array_equal(real, np.diff(ids_off)):  # no padding: the arrays as they are
+        ids, labels = batch.ids, batch.labels
+    else:
+        in_row = np.arange(int(ids_off[-1]) - int(ids_off[0])) - np.repeat(
+            ids_off[:-1] - ids_off[0], np.diff(ids_off)
+        )
+        keep_tok = in_row < np.repeat(real, np.diff(ids_off))
+        base = int(ids_off[0])
+        ids = batch.ids[base : base + keep_tok.size][keep_tok]
+        labels = batch.labels[base : base + keep_tok.size][keep_tok]
+    # sample lengths: the first n_samples segments of every row
+    seg_off = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(n_segments, out=seg_off[1:])
+    take = np.repeat(seg_off[:-1], n_samples) + (
+        np.arange(int(n_samples.sum())) - np.repeat(np.cumsum(n_samples) - n_samples, n_samples)
+    )
+    seq_off = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(n_samples, out=seq_off[1:])
+    si0, so0 = int(batch.si_off[0]), int(batch.so_off[0])
+    return RowBatch(
+        shard=batch.name,
+        first_row=batch.first_row,
+        rows=rows,
+        off=off,
+        ids=ids,
+        labels=labels,
+        seq_off=seq_off,
+        seq_lens=seg_lens[take],
+        sample_index=batch.sample_index[si0 : si0 + int(n_samples.sum())].astype(np.int64),
+        sample_offset=batch.sample_offset[so0 : so0 + int(n_samples.sum())].astype(np.int32),
+    )
+
+
+def _first_bad_row(batch: ShardArrays, expected: np.ndarray) -> int:
+    for r in range(batch.rows):
+        sl = slice(int(batch.pos_off[r]), int(batch.pos_off[r + 1]))
+        if sl.stop > expected.size or not np.array_equal(batch.pos[sl], expected[sl]):
+            return r
+    return 0
+
+
+def label_mismatch(batch: RowBatch) -> int | None:
+    """The first token (index into `batch.ids`) whose label is neither -100 nor its own id."""
+    bad = (batch.labels != IGNORE_INDEX) & (batch.labels != batch.ids)
+    if not bad.any():
+        return None
+    return int(np.argmax(bad))
+
+
+def row_of_token(batch: RowBatch, token: int) -> int:
+    return int(np.searchsorted(batch.off, token, side="right") - 1)
+
+
+@dataclass
+class Source:
+    """A committed packer output: its directory, manifest and the shard files it lists."""
+
+    directory: Path
+    manifest: dict
+    manifest_bytes: bytes
+
+    @property
+    def shards(self) -> list[str]:
+        return [entry["file"] for entry in self.manifest["shards"]]
+
+    def _parts(self, name: str) -> list[ShardArrays]:
+        path = self.directory / name
+        try:
+            return read_shard(path)
+        except FileNotFoundError:
+            raise InputError("a shard the manifest lists is missing", where=str(path)) from None
+        except ValueError as exc:
+            raise InputError(str(exc), where=str(path)) from None
+
+    def batches_of(self, name: str) -> Iterator[RowBatch]:
+        """The rows of shard `name`, one record batch at a time."""
+        for part in self._parts(name):
+            yield row_batch(part)
+
+    def max_token_id(self) -> int:
+        """The largest input id of the output (a pass over the shards' `input_ids` only)."""
+        top = 0
+        for name in self.shards:
+            for part in self._parts(name):
+                if part.ids.size:
+                    top = max(top, int(part.ids.max()))
+        return top
+
+
+def open_source(directory: Path) -> Source:
+    """The output in `directory`, read through its manifest (one line if it is not one)."""
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    return Source(directory, manifest, (directory / "manifest.json").read_bytes())

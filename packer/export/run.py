@@ -1,0 +1,198 @@
+"""`export`: a committed packer output rewritten in a trainer's own format, committed atomically.
+
+The output is read shard by shard and record batch by record batch (about 1M tokens each), so
+memory stays bounded whatever the output's size; the export is built in a hidden directory
+beside DEST and renamed into place with `packer_export.json` (its own manifest, naming the
+source manifest's sha256) written last, as `pack` commits: a failed or killed export leaves
+nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+from packer.errors import UsageError, option
+from packer.export import mds, megatron, megatron_bridge, trl
+from packer.export.rows import Source, label_mismatch, open_source, row_of_token
+from packer.hashing import file_digest
+from packer.version import __version__
+from packer.write.commit import building, commit, start
+
+FORMATS = ("megatron-bridge", "megatron", "mds", "trl")
+EXPORT_MANIFEST = "packer_export.json"
+ACCEPTS = ("labels-from-ids",)  # what a user may accept that changes training
+_NOTES = {
+    "megatron-bridge": megatron_bridge.NOTES,
+    "megatron": megatron.NOTES,
+    "mds": mds.NOTES,
+    "trl": trl.NOTES,
+}
+
+
+@dataclass
+class ExportResult:
+    dest: Path
+    format: str
+    rows: int = 0
+    samples: int = 0
+    tokens: int = 0
+    files: list[dict] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+    details: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {
+            "dest": str(self.dest),
+            "format": self.format,
+            "rows": self.rows,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "files": self.files,
+            "notes": list(self.notes),
+            "details": self.details,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def export(
+    output: str | Path,
+    to: str,
+    dest: str | Path,
+    *,
+    overwrite: bool = False,
+    vocab_size: int | None = None,
+    eos_id: int | None = None,
+    accept: tuple[str, ...] | list[str] = (),
+    mds_size_limit: int = mds.DEFAULT_SIZE_LIMIT,
+    progress: Callable[[int, int], None] | None = None,
+) -> ExportResult:
+    """Write the committed packer output in `output` to `dest` in format `to`.
+
+    `to` is one of FORMATS. `vocab_size` picks Megatron's token dtype (default: the largest
+    id + 1); `eos_id` is recorded for Megatron-Bridge, whose collator pads with it; `accept`
+    lists the losses the user accepts (`labels-from-ids`: train on the next input id where a
+    label differs from it, for Megatron-Bridge). `progress(rows_done, rows_total)` is called
+    after every batch."""
+    started = time.perf_counter()
+    source, dest = _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit)
+    total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
+    tmp = start(dest)
+    result = ExportResult(dest, to, notes=_NOTES[to])
+    with building(tmp, dest):
+        writer = _writer(to, tmp, source, vocab_size, mds_size_limit)
+        for number, name in enumerate(source.shards):
+            writer.start_shard(number)
+            for batch in source.batches_of(name):
+                if to == "megatron-bridge" and "labels-from-ids" not in accept:
+                    _refuse_label_mismatch(batch)
+                writer.write(batch)
+                result.rows += batch.rows
+                result.samples += int(batch.seq_off[-1])
+                result.tokens += int(batch.ids.size)
+                if progress is not None:
+                    progress(result.rows, total_rows)
+        result.details = writer.finish()
+        if eos_id is not None:
+            result.details["eos_id"] = eos_id
+        result.files = [
+            {"file": p.name, "bytes": p.stat().st_size, "xxh3_128": file_digest(p)}
+            for p in sorted(tmp.iterdir())
+        ]
+        manifest = {
+            "packer_version": __version__,
+            "format": to,
+            "source": {
+                "path": str(source.directory),
+                "manifest_sha256": hashlib.sha256(source.manifest_bytes).hexdigest(),
+            },
+            "rows": result.rows,
+            "samples": result.samples,
+            "tokens": result.tokens,
+            "files": result.files,
+            "notes": list(result.notes),
+            "details": result.details,
+            "accepted": sorted(accept),
+        }
+        (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        commit(tmp, dest, overwrite=overwrite)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit):
+    if to not in FORMATS:
+        raise UsageError(f"{option('to', '--to')} must be one of {', '.join(FORMATS)}, got {to!r}")
+    for what in accept:
+        if what not in ACCEPTS:
+            raise UsageError(
+                f"{option('accept', '--accept')} takes {', '.join(ACCEPTS)}, got {what!r}"
+            )
+    for name, flag, value in (
+        ("vocab_size", "--vocab-size", vocab_size),
+        ("eos_id", "--eos-id", eos_id),
+    ):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise UsageError(f"{option(name, flag)} must be a non-negative integer, got {value!r}")
+    if mds_size_limit <= 0 or mds_size_limit >= 1 << 32:
+        raise UsageError(
+            f"{option('mds_size_limit', '--mds-size-limit')} must be between 1 byte and 4 GiB"
+        )
+    source = open_source(Path(output))
+    dest = Path(dest)
+    resolved, src = dest.resolve(), source.directory.resolve()
+    if resolved == src or src in resolved.parents:
+        raise UsageError(
+            f"{option('dest', '--output')} must be outside the packer output", where=str(dest)
+        )
+    if dest.exists() or dest.is_symlink():
+        if not dest.is_dir():
+            raise UsageError("export destination exists and is not a directory", where=str(dest))
+        if not overwrite:
+            raise UsageError(
+                f"export destination exists; pass {option('overwrite=True', '--overwrite')} "
+                "to replace it",
+                where=str(dest),
+            )
+        if not (dest / EXPORT_MANIFEST).is_file() and any(dest.iterdir()):
+            raise UsageError(
+                f"refusing to overwrite a non-empty directory that is not a packer export "
+                f"(no {EXPORT_MANIFEST})",
+                where=str(dest),
+            )
+    return source, dest
+
+
+def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit):
+    if to == "trl":
+        fingerprint = hashlib.sha256(source.manifest_bytes).hexdigest()[:16]
+        return trl.TrlWriter(tmp, len(source.shards), fingerprint)
+    if to == "megatron":
+        if vocab_size is None:
+            vocab_size = source.max_token_id() + 1
+        return megatron.MegatronWriter(tmp, vocab_size)
+    if to == "mds":
+        return mds.MdsWriter(tmp, mds_size_limit)
+    return megatron_bridge.BridgeWriter(tmp, int(source.manifest["config"]["max_len"]))
+
+
+def _refuse_label_mismatch(batch) -> None:
+    token = label_mismatch(batch)
+    if token is None:
+        return
+    row = batch.first_row + row_of_token(batch, token)
+    label, ident = int(batch.labels[token]), int(batch.ids[token])
+    accept = option('accept=["labels-from-ids"]', "--accept labels-from-ids")
+    raise UsageError(
+        f"row {row}: label {label} differs from its input id {ident}; Megatron-Bridge derives "
+        f"targets from the input ids and keeps only a loss mask; pass "
+        f"{accept} to train on the "
+        "input ids there; nothing was written",
+        where=batch.shard,
+    )

@@ -1,0 +1,97 @@
+"""TRL's padding-free format: a 🤗 `save_to_disk` dataset of rows with `seq_lengths`.
+
+`SFTTrainer(padding_free=True)`'s collator (`DataCollatorForLanguageModeling` in
+trl/trainer/sft_trainer.py) rebuilds each sample's positions from `seq_lengths`, concatenates
+the rows of a batch, and takes `labels` as they are (-100 on what carries no loss). One Arrow
+file per packer shard, laid out as `datasets.Dataset.save_to_disk` lays it out, written with
+pyarrow alone so the export needs no `datasets`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+from packer.export.rows import RowBatch
+
+_LIST_TYPES = {
+    "input_ids": ("int32", pa.int32()),
+    "labels": ("int32", pa.int32()),
+    "seq_lengths": ("int32", pa.int32()),
+    "sample_index": ("int64", pa.int64()),
+    "sample_offset": ("int32", pa.int32()),
+}
+FEATURES = {
+    name: {"feature": {"dtype": dtype, "_type": "Value"}, "_type": "List"}
+    for name, (dtype, _) in _LIST_TYPES.items()
+}
+SCHEMA = pa.schema(
+    [(name, pa.list_(t)) for name, (_, t) in _LIST_TYPES.items()],
+    metadata={"huggingface": json.dumps({"info": {"features": FEATURES}})},
+)
+NOTES = ("position_ids and cu_seqlens are rebuilt by the collator from seq_lengths",)
+
+
+def _list(offsets, values, arrow_type) -> pa.Array:
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, arrow_type))
+
+
+class TrlWriter:
+    """One `data-XXXXX-of-NNNNN.arrow` per source shard, then `state.json` and
+    `dataset_info.json`."""
+
+    def __init__(self, tmp: Path, shards: int, fingerprint: str):
+        self.tmp, self.shards, self.fingerprint = tmp, shards, fingerprint
+        self.files: list[str] = []
+        self._writer = None
+        self._sink = None
+
+    def start_shard(self, number: int) -> None:
+        self._close_shard()
+        name = f"data-{number:05d}-of-{self.shards:05d}.arrow"
+        self.files.append(name)
+        self._sink = pa.OSFile(str(self.tmp / name), "wb")
+        self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
+
+    def write(self, batch: RowBatch) -> None:
+        table = pa.Table.from_arrays(
+            [
+                _list(batch.off, batch.ids, pa.int32()),
+                _list(batch.off, batch.labels, pa.int32()),
+                _list(batch.seq_off, batch.seq_lens.astype("int32"), pa.int32()),
+                _list(batch.seq_off, batch.sample_index, pa.int64()),
+                _list(batch.seq_off, batch.sample_offset, pa.int32()),
+            ],
+            schema=SCHEMA,
+        )
+        self._writer.write_table(table)
+
+    def _close_shard(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._sink.close()
+            self._writer = self._sink = None
+
+    def finish(self) -> dict:
+        self._close_shard()
+        state = {
+            "_data_files": [{"filename": name} for name in self.files],
+            "_fingerprint": self.fingerprint,
+            "_format_columns": None,
+            "_format_kwargs": {},
+            "_format_type": None,
+            "_output_all_columns": False,
+            "_split": None,
+        }
+        info = {
+            "citation": "",
+            "description": "",
+            "features": FEATURES,
+            "homepage": "",
+            "license": "",
+        }
+        for name, obj in (("state.json", state), ("dataset_info.json", info)):
+            (self.tmp / name).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        return {}
