@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint format bench sample train-tiny mutation clean
+.PHONY: setup demo test lint format bench sample train-tiny mutation readers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ bench: setup
 	$(BIN)/python scripts/bench_balance.py
 	$(BIN)/python scripts/bench_ray.py --runs 3
 	$(BIN)/python scripts/bench_pairs.py --pairs 10000 -L 4096 --batch 4 8 16
+
+# the trainers' own readers that prove `packer export` (docs/export.md), in a virtualenv of their own
+readers: setup
+	$(BIN)/python scripts/readers_venv.py
 
 train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py

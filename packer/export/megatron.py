@@ -38,8 +38,8 @@ class MegatronWriter:
         self.tmp = tmp
         self.dtype = optimal_dtype(vocab_size)
         self.vocab_size = vocab_size
-        self._tokens = open(tmp / "input_ids.bin", "wb")
-        self._labels = open(tmp / "labels.bin", "wb")
+        self._tokens = open(tmp / "input_ids.bin", "wb")  # noqa: SIM115  closed in finish
+        self._labels = open(tmp / "labels.bin", "wb")  # noqa: SIM115  closed in finish
         self._lengths: list[np.ndarray] = []
         self._docs: list[np.ndarray] = []
         self._samples = 0

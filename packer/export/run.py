@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
 from packer.errors import UsageError, option
 from packer.export import mds, megatron, megatron_bridge, trl
 from packer.export.rows import Source, label_mismatch, open_source, row_of_token

@@ -1,0 +1,68 @@
+"""Run inside `.venv-readers` (scripts/readers_venv.py): the trainers' own readers, dumped as
+JSON for tests/test_export.py. Nothing here is packer's code.
+
+    python consumer_readers.py megatron PREFIX          -> Megatron-LM's IndexedDataset
+    python consumer_readers.py mds DIR                  -> streaming's StreamingDataset
+    python consumer_readers.py mds-write ROWS.json DIR LIMIT -> streaming's own MDSWriter
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import types
+
+
+def _streaming_base():
+    # `import streaming` runs streaming/__init__.py, which imports streaming.vision and with it
+    # torchvision, which has no wheel for the CPU torch here; the package is entered without
+    # that file, and every module below is streaming's own, unchanged.
+    spec = importlib.util.find_spec("streaming")
+    package = types.ModuleType("streaming")
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules["streaming"] = package
+    import streaming.base
+
+    return streaming.base
+
+
+def megatron(prefix: str) -> dict:
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    out = {}
+    for name in ("input_ids", "labels"):
+        ds = IndexedDataset(f"{prefix}/{name}")
+        out[name] = [ds[i].tolist() for i in range(len(ds))]
+        out[f"{name}_dtype"] = ds.index.dtype.__name__
+        out["document_indices"] = ds.document_indices.tolist()
+    return out
+
+
+def mds(directory: str) -> list[dict]:
+    base = _streaming_base()
+    ds = base.StreamingDataset(local=directory, shuffle=False, batch_size=1, validate_hash="sha1")
+    return [{k: v.tolist() for k, v in ds[i].items()} for i in range(len(ds))]
+
+
+def mds_write(rows_json: str, directory: str, limit: str) -> None:
+    import numpy as np
+
+    base = _streaming_base()
+    with open(rows_json) as fh:
+        rows = json.load(fh)
+    dtypes = {"input_ids": np.uint32, "sample_index": np.int64}
+    columns = {name: f"ndarray:{np.dtype(dtypes.get(name, np.int32)).name}" for name in rows[0]}
+    with base.MDSWriter(
+        columns=columns, out=directory, hashes=["sha1", "xxh64"], size_limit=int(limit)
+    ) as writer:
+        for row in rows:
+            writer.write({k: np.array(v, dtypes.get(k, np.int32)) for k, v in row.items()})
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "mds-write":
+        mds_write(*args)
+    else:
+        json.dump({"megatron": megatron, "mds": mds}[command](*args), sys.stdout)
