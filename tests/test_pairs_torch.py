@@ -231,3 +231,31 @@ def test_collate_refuses_broken_pairs():
             pair_logps(torch.zeros(1, 4, 8), collate_pairs([{**row, "sample_index": [6, 7]}])),
             loss_type="x",
         )
+
+
+@pytest.mark.parametrize("mode", ["flatten", "pad"])
+def test_rows_padded_to_l_give_the_same_pair_logps(packed, tmp_path, mode):
+    """Stored padding (`--pad`) belongs to no segment: the same log-probabilities per pair."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pairs, rows = packed
+    ids = pa.list_(pa.int32())
+    pq.write_table(
+        pa.table({k: pa.array([p[k] for p in pairs], ids) for k in pairs[0]}),
+        tmp_path / "p.parquet",
+    )
+    pack(tmp_path / "p.parquet", tmp_path / "o", PackConfig(max_len=64, pairs=True, pad=True))
+    ds = PackedDataset(tmp_path / "o")
+    padded_rows = [ds[i] for i in range(len(ds))]
+    assert all(len(r["input_ids"]) == 64 for r in padded_rows)
+    model = build_tiny_model(seed=0, vocab_size=VOCAB)
+    with torch.no_grad():
+        a = collate_pairs(rows, mode)
+        b = collate_pairs(padded_rows, mode)
+        assert (b["segment_ids"] == -1).any() or mode == "flatten"
+        lp_a = pair_logps(model(**model_inputs(a)).logits, a)
+        lp_b = pair_logps(model(**model_inputs(b)).logits, b)
+    order = list(range(len(pairs)))
+    for x, y in zip(_by_pair(lp_a, order), _by_pair(lp_b, order)):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-4)

@@ -98,47 +98,48 @@ def _fail(result: CheckResult, statuses, segs: _Segments, i: int, problem: str) 
 
 def _check_placement(statuses, segs: _Segments, result: CheckResult) -> np.ndarray:
     """Both sides present, one row, chosen right before rejected: the chosen segments of the
-    pairs that are placed right (for the prompt check)."""
+    pairs that are placed right (for the prompt check). Vectorized; Python only per failure."""
     order = np.argsort(segs.sample, kind="stable")
     sample = segs.sample[order]
-    pair = sample // 2
-    n_of = np.bincount(pair - pair.min(), minlength=1) if pair.size else np.zeros(0, np.int64)
-    good = []
-    i = 0
-    while i < order.size:
-        p = int(pair[i])
-        count = int(n_of[p - pair[0]])
-        here = order[i : i + count]
-        sides = (sample[i : i + count] % 2).tolist()
-        i += count
-        if sides != [0, 1]:
-            missing = [PAIR_SIDES[s] for s in (0, 1) if s not in sides]
-            what = f"its {missing[0]} side is in no row" if missing else "a side appears twice"
-            _fail(result, statuses, segs, int(here[0]), what)
-            continue
-        c, r = int(here[0]), int(here[1])
-        if (segs.status[c], segs.row[c]) != (segs.status[r], segs.row[r]):
-            name, row = _where(statuses, segs, r)
+    _, first, count = np.unique(sample // 2, return_index=True, return_counts=True)
+    two = count == 2
+    c_at = np.where(two, first, 0)
+    whole = (
+        two
+        & (sample[c_at] % 2 == 0)
+        & (sample[np.minimum(c_at + 1, sample.size - 1)] == sample[c_at] + 1)
+    )
+    for g in np.flatnonzero(~whole).tolist():
+        here = order[first[g] : first[g] + count[g]]
+        sides = (segs.sample[here] % 2).tolist()
+        missing = [PAIR_SIDES[s] for s in (0, 1) if s not in sides]
+        what = f"its {missing[0]} side is in no row" if missing else "a side appears twice"
+        _fail(result, statuses, segs, int(here[0]), what)
+    c, r = order[first[whole]], order[first[whole] + 1]
+    same_row = (segs.status[c] == segs.status[r]) & (segs.row[c] == segs.row[r])
+    adjacent = same_row & (segs.k[r] == segs.k[c] + 1)
+    for i in np.flatnonzero(~adjacent).tolist():
+        ci, ri = int(c[i]), int(r[i])
+        if not same_row[i]:
+            name, row = _where(statuses, segs, ri)
             _fail(
                 result,
                 statuses,
                 segs,
-                c,
+                ci,
                 f"split across rows: its rejected side is in {name} row {row}",
             )
-        elif segs.k[r] == segs.k[c] - 1:
-            _fail(result, statuses, segs, c, "sides swapped: the rejected segment comes first")
-        elif segs.k[r] != segs.k[c] + 1:
+        elif segs.k[ri] == segs.k[ci] - 1:
+            _fail(result, statuses, segs, ci, "sides swapped: the rejected segment comes first")
+        else:
             _fail(
                 result,
                 statuses,
                 segs,
-                c,
-                f"its sides are not adjacent (rejected is segment {int(segs.k[r])})",
+                ci,
+                f"its sides are not adjacent (rejected is segment {int(segs.k[ri])})",
             )
-        else:
-            good.append(c)
-    return np.asarray(good, np.int64)
+    return np.sort(c[adjacent])
 
 
 def _check_prompts(statuses, segs: _Segments, chosen: np.ndarray, result: CheckResult) -> None:
