@@ -307,3 +307,51 @@ def test_cli_export(packed, tmp_path, runner):
     r = runner.invoke(app, ["export", str(out), "--to", "mds", "-o", str(other), "--overwrite"])
     assert r.exit_code == 2 and "not a packer export" in r.output
     assert (other / "keep.txt").exists()
+
+
+def _positions_ok_reference(pos_off, pos, cu_off, cu) -> int:
+    """Plain Python: the first row whose positions do not restart per segment, or -1."""
+    for r in range(len(pos_off) - 1):
+        row = list(pos[pos_off[r] : pos_off[r + 1]])
+        bounds = list(cu[cu_off[r] : cu_off[r + 1]])
+        if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != len(row):
+            return r
+        want = []
+        for s, e in zip(bounds[:-1], bounds[1:]):
+            if e < s:
+                return r
+            want += list(range(e - s))
+        if row != want:
+            return r
+    return -1
+
+
+def test_position_kernel_matches_a_python_reference():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from packer.export.kernels import first_bad_position_row
+
+    row = st.lists(st.integers(1, 6), min_size=1, max_size=4)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(row, min_size=1, max_size=5), st.integers(0, 10**6), st.booleans())
+    def check(rows, seed, corrupt):
+        pos, pos_off, cu, cu_off = [], [0], [], [0]
+        for lens in rows:
+            bounds = np.cumsum([0, *lens]).tolist()
+            cu += bounds
+            cu_off.append(len(cu))
+            for n in lens:
+                pos += list(range(n))
+            pos_off.append(len(pos))
+        rng = np.random.default_rng(seed)
+        if corrupt:
+            if rng.random() < 0.5:
+                pos[int(rng.integers(len(pos)))] += int(rng.integers(1, 3))
+            else:
+                cu[int(rng.integers(len(cu)))] += int(rng.integers(1, 3))
+        arrays = [np.array(a, np.int32) for a in (pos_off, pos, cu_off, cu)]
+        assert first_bad_position_row(*arrays) == _positions_ok_reference(*arrays)
+
+    check()

@@ -18,6 +18,7 @@ from packer.contract.manifest import read_manifest
 from packer.contract.names import IGNORE_INDEX
 from packer.contract.shards import ShardArrays, read_shard
 from packer.errors import InputError
+from packer.export.kernels import first_bad_position_row
 
 
 @dataclass
@@ -70,12 +71,6 @@ class RowBatch:
         return mask
 
 
-def segment_positions(lengths: np.ndarray) -> np.ndarray:
-    """0..len-1 for each segment, concatenated (the positions packer writes)."""
-    total = int(lengths.sum())
-    return np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-
-
 def row_batch(batch: ShardArrays) -> RowBatch:
     """The rows of one shard batch without padding, checked where an exporter relies on them.
 
@@ -85,20 +80,18 @@ def row_batch(batch: ShardArrays) -> RowBatch:
     n_samples = np.diff(batch.si_off).astype(np.int64)
     n_segments = np.diff(batch.cu_off).astype(np.int64) - 1
     cu_base = batch.cu_off[:-1].astype(np.int64)
-    # the segment lengths of every row (padding included), then the positions they imply
-    seg_lens = np.diff(batch.cu.astype(np.int64))
-    keep = np.ones(seg_lens.size, dtype=bool)
-    if seg_lens.size:
-        keep[batch.cu_off[1:-1].astype(np.int64) - 1] = False  # the step from one row to the next
-    seg_lens = seg_lens[keep]
-    expected = segment_positions(seg_lens)
-    if expected.size != batch.pos.size or not np.array_equal(expected, batch.pos):
-        bad = _first_bad_row(batch, expected)
+    bad = first_bad_position_row(batch.pos_off, batch.pos, batch.cu_off, batch.cu)
+    if bad >= 0:
         raise InputError(
-            f"row {batch.shard_row(bad)}: position_ids do not restart at every cu_seqlens "
+            f"row {batch.shard_row(int(bad))}: position_ids do not restart at every cu_seqlens "
             "boundary; the export formats rebuild positions from the boundaries",
             where=batch.name,
         )
+    seg_lens = np.diff(batch.cu.astype(np.int64))
+    if seg_lens.size:
+        keep = np.ones(seg_lens.size, dtype=bool)
+        keep[batch.cu_off[1:-1].astype(np.int64) - 1] = False  # the step from one row to the next
+        seg_lens = seg_lens[keep]
     # real length of each row: the cu entry after its last sample
     real = batch.cu[(cu_base + n_samples)].astype(np.int64)
     ids_off = batch.ids_off.astype(np.int64)
@@ -135,14 +128,6 @@ def row_batch(batch: ShardArrays) -> RowBatch:
         sample_index=batch.sample_index[si0 : si0 + int(n_samples.sum())].astype(np.int64),
         sample_offset=batch.sample_offset[so0 : so0 + int(n_samples.sum())].astype(np.int32),
     )
-
-
-def _first_bad_row(batch: ShardArrays, expected: np.ndarray) -> int:
-    for r in range(batch.rows):
-        sl = slice(int(batch.pos_off[r]), int(batch.pos_off[r + 1]))
-        if sl.stop > expected.size or not np.array_equal(batch.pos[sl], expected[sl]):
-            return r
-    return 0
 
 
 def label_mismatch(batch: RowBatch) -> int | None:
