@@ -355,3 +355,40 @@ def test_position_kernel_matches_a_python_reference():
         assert first_bad_position_row(*arrays) == _positions_ok_reference(*arrays)
 
     check()
+
+
+def test_pack_export_packs_then_exports(tmp_path, runner):
+    src = write_jsonl(tmp_path / "in.jsonl", make_samples(80, seed=9, median=40, max_len=200))
+    out = tmp_path / "packed"
+    args = ["pack", str(src), "-o", str(out), "-L", "256", "--export", "mds", "--json"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    dest = tmp_path / "packed-mds"
+    assert report["export"]["dest"] == str(dest) and report["export"]["rows"] == report["rows"]
+    assert (dest / "index.json").is_file() and (dest / EXPORT_MANIFEST).is_file()
+    alone = tmp_path / "alone"
+    export(out, "mds", alone)
+    assert (alone / "shard.00000.mds").read_bytes() == (dest / "shard.00000.mds").read_bytes()
+    # refused before packing: nothing new is written
+    r = runner.invoke(
+        app, ["pack", str(src), "-o", str(tmp_path / "p2"), "-L", "256", "--export", "parquet"]
+    )
+    assert r.exit_code == 2 and "--export must be one of" in r.output
+    assert not (tmp_path / "p2").exists()
+    r = runner.invoke(
+        app,
+        [
+            "pack",
+            str(src),
+            "-o",
+            str(tmp_path / "p3"),
+            "-L",
+            "256",
+            "--export",
+            "trl",
+            "--export-output",
+            str(dest),
+        ],
+    )
+    assert r.exit_code == 2 and "--overwrite" in r.output and not (tmp_path / "p3").exists()

@@ -178,6 +178,19 @@ def pack(
         "output must be on storage every node sees). "
         + config_default("none: start a local Ray with --workers CPUs"),
     ),
+    export_to: Optional[str] = typer.Option(
+        None,
+        "--export",
+        metavar="[megatron-bridge|megatron|mds|trl]",
+        help="Then export the output in this trainer's format, as `packer export` does with its "
+        "defaults (docs/export.md). [default: none]",
+    ),
+    export_output: Optional[Path] = typer.Option(
+        None,
+        "--export-output",
+        help="Where --export writes (replaced with --overwrite). [default: OUTPUT-FORMAT beside "
+        "the output]",
+    ),
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -188,6 +201,7 @@ def pack(
     from packer.pipelines.pack import pack as run_pack
 
     with user_errors(debug):
+        export_dest = _export_target(export_to, export_output, output, overwrite)
         cfg = build_config(
             config,
             {
@@ -224,6 +238,11 @@ def pack(
                 repack=repack,
             )
         report = result.report()
+        if export_to is not None:
+            from packer.export import export
+
+            exported = export(output, export_to, export_dest, overwrite=overwrite)
+            report["export"] = exported.to_dict()
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
         else:
@@ -235,3 +254,27 @@ def pack(
             note = split_note(report)
             if note is not None:
                 stderr.print(note, highlight=False, markup=False, soft_wrap=True)
+            if export_to is not None:
+                done = report["export"]
+                stderr.print(
+                    f"exported as {export_to} to {done['dest']} in {done['seconds']:.2f} s",
+                    highlight=False,
+                    markup=False,
+                    soft_wrap=True,
+                )
+
+
+def _export_target(fmt: str | None, dest: Path | None, output: Path, overwrite: bool):
+    """Where `--export` writes, refused before any packing if it cannot be written."""
+    from packer.errors import UsageError
+    from packer.export import FORMATS, check_destination
+
+    if fmt is None:
+        if dest is not None:
+            raise UsageError("--export-output needs --export FORMAT")
+        return None
+    if fmt not in FORMATS:
+        raise UsageError(f"--export must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    dest = dest if dest is not None else output.with_name(f"{output.name}-{fmt}")
+    check_destination(dest, overwrite)
+    return dest

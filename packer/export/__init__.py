@@ -5,6 +5,20 @@ One small module per format; `run.export` reads the output once, batch by batch,
 the export atomically with its own manifest. docs/export.md says what each format carries.
 """
 
-from packer.export.run import ACCEPTS, EXPORT_MANIFEST, FORMATS, ExportResult, export
+from packer.export.run import (
+    ACCEPTS,
+    EXPORT_MANIFEST,
+    FORMATS,
+    ExportResult,
+    check_destination,
+    export,
+)
 
-__all__ = ["ACCEPTS", "EXPORT_MANIFEST", "FORMATS", "ExportResult", "export"]
+__all__ = [
+    "ACCEPTS",
+    "EXPORT_MANIFEST",
+    "FORMATS",
+    "ExportResult",
+    "check_destination",
+    "export",
+]

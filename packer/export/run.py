@@ -150,6 +150,12 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
         raise UsageError(
             f"{option('dest', '--output')} must be outside the packer output", where=str(dest)
         )
+    check_destination(dest, overwrite)
+    return source, dest
+
+
+def check_destination(dest: Path, overwrite: bool) -> None:
+    """Refuse an export destination that cannot be (re)placed, before any work is done."""
     if dest.exists() or dest.is_symlink():
         if not dest.is_dir():
             raise UsageError("export destination exists and is not a directory", where=str(dest))
@@ -165,7 +171,6 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
                 f"(no {EXPORT_MANIFEST})",
                 where=str(dest),
             )
-    return source, dest
 
 
 def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit):
