@@ -25,6 +25,7 @@ import packer
 from packer.cli import app
 from packer.errors import InputError, UsageError
 from packer.export import EXPORT_MANIFEST, export
+from packer.hashing import file_digest
 
 L = 256
 pytestmark = pytest.mark.xdist_group("export")
@@ -268,6 +269,9 @@ def test_exports_are_deterministic_and_name_their_source(packed, tmp_path):
         digest = hashlib.sha256((out / "manifest.json").read_bytes()).hexdigest()
         assert manifest["source"]["manifest_sha256"] == digest
         assert {f["file"] for f in manifest["files"]} == set(files) - {EXPORT_MANIFEST}
+        for entry in manifest["files"]:  # hashed while written or read back: the file's bytes
+            assert entry["xxh3_128"] == file_digest(a / entry["file"]), (fmt, entry["file"])
+            assert entry["bytes"] == (a / entry["file"]).stat().st_size
 
 
 def test_a_broken_source_leaves_nothing(packed, tmp_path):

@@ -34,10 +34,10 @@ DEFAULT_SIZE_LIMIT = 1 << 26  # MDSWriter's default
 NOTES = ("a --pad tail is not kept: rows hold their samples only",)
 
 
-def _hash(algorithm: str, data: bytes) -> str:
-    if algorithm == "xxh64":
-        return xxhash.xxh64(data).hexdigest()
-    return hashlib.new(algorithm, data).hexdigest()
+def _hasher(algorithm: str):
+    if algorithm.startswith("xxh"):
+        return getattr(xxhash, algorithm)()
+    return hashlib.new(algorithm)
 
 
 def _shape_prefix(n: int) -> bytes:
@@ -68,6 +68,7 @@ class MdsWriter:
         self.config = config(size_limit)
         self.config_data = json.dumps(self.config, sort_keys=True).encode("utf-8")
         self.shards: list[dict] = []
+        self.digests: dict[str, str] = {}  # xxh3_128 of each shard, for packer's own manifest
         self._samples: list[bytes] = []
         self._size = 8 + len(self.config_data)
 
@@ -109,21 +110,27 @@ class MdsWriter:
         self._size += size
 
     def _flush(self) -> None:
+        """Write the shard part by part, hashing as it goes: no joined copy of it is made."""
         n = len(self._samples)
         sizes = np.array([0] + [len(s) for s in self._samples], np.int64)
         offsets = np.cumsum(sizes) + 4 + 4 * (n + 1) + len(self.config_data)
-        data = b"".join(
-            [
-                np.uint32(n).tobytes(),
-                offsets.astype(np.uint32).tobytes(),
-                self.config_data,
-                *self._samples,
-            ]
-        )
+        head = [np.uint32(n).tobytes(), offsets.astype(np.uint32).tobytes(), self.config_data]
+        digests = {a: _hasher(a) for a in (*HASHES, "xxh3_128")}
         name = f"shard.{len(self.shards):05d}.mds"
-        (self.tmp / name).write_bytes(data)
-        raw = {"basename": name, "bytes": len(data), "hashes": {a: _hash(a, data) for a in HASHES}}
+        total = 0
+        with open(self.tmp / name, "wb") as fh:
+            for part in (*head, *self._samples):
+                fh.write(part)
+                for digest in digests.values():
+                    digest.update(part)
+                total += len(part)
+        raw = {
+            "basename": name,
+            "bytes": total,
+            "hashes": {a: digests[a].hexdigest() for a in HASHES},
+        }
         self.shards.append({"samples": n, "raw_data": raw, "zip_data": None, **self.config})
+        self.digests[name] = digests["xxh3_128"].hexdigest()
         self._samples, self._size = [], 8 + len(self.config_data)
 
     def finish(self) -> dict:

@@ -16,6 +16,7 @@ import struct
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from packer.export.rows import RowBatch
 
@@ -41,6 +42,7 @@ class MegatronWriter:
         self._tokens = open(tmp / "input_ids.bin", "wb")  # noqa: SIM115  closed in finish
         self._labels = open(tmp / "labels.bin", "wb")  # noqa: SIM115  closed in finish
         self._lengths: list[np.ndarray] = []
+        self._hash = {"input_ids.bin": xxhash.xxh3_128(), "labels.bin": xxhash.xxh3_128()}
         self._docs: list[np.ndarray] = []
         self._samples = 0
 
@@ -48,8 +50,12 @@ class MegatronWriter:
         pass
 
     def write(self, batch: RowBatch) -> None:
-        self._tokens.write(batch.ids.astype(self.dtype).tobytes())
-        self._labels.write(batch.labels.astype(np.int32).tobytes())
+        for fh, name, data in (
+            (self._tokens, "input_ids.bin", batch.ids.astype(self.dtype)),
+            (self._labels, "labels.bin", batch.labels.astype(np.int32, copy=False)),
+        ):
+            fh.write(data)
+            self._hash[name].update(data)
         self._lengths.append(batch.seq_lens.astype(np.int32))
         self._docs.append(self._samples + batch.seq_off[1:])
         self._samples += int(batch.seq_off[-1])
@@ -61,6 +67,7 @@ class MegatronWriter:
         docs = np.concatenate([np.zeros(1, np.int64), *self._docs]).astype(np.int64)
         write_index(self.tmp / "input_ids.idx", self.dtype, lengths, docs)
         write_index(self.tmp / "labels.idx", np.dtype(np.int32), lengths, docs)
+        self.digests = {name: h.hexdigest() for name, h in self._hash.items()}
         return {"dtype": self.dtype.name, "vocab_size": self.vocab_size}
 
 

@@ -100,8 +100,13 @@ def export(
         result.details = writer.finish()
         if eos_id is not None:
             result.details["eos_id"] = eos_id
+        known = getattr(writer, "digests", {})  # hashed while written, not read back
         result.files = [
-            {"file": p.name, "bytes": p.stat().st_size, "xxh3_128": file_digest(p)}
+            {
+                "file": p.name,
+                "bytes": p.stat().st_size,
+                "xxh3_128": known.get(p.name) or file_digest(p),
+            }
             for p in sorted(tmp.iterdir())
         ]
         manifest = {
