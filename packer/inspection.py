@@ -15,10 +15,12 @@ import numpy as np
 
 from packer.contract.manifest import read_manifest
 from packer.contract.names import IGNORE_INDEX
+from packer.contract.remote import local_copy
 from packer.contract.schema import PAIR_SIDES
 from packer.contract.shards import ShardArrays, read_shard
 from packer.errors import UsageError, option
 from packer.read.samples import SourceFile
+from packer.storage import display, is_url
 
 FILL_BINS = 10  # row fill histogram: 0-10 %, ..., 90-100 %
 
@@ -225,12 +227,12 @@ def inspect(
     hidden_size: int = 4096,
 ) -> dict:
     """The report `packer inspect` draws: summary, histograms, rows (first row by default)."""
-    directory = Path(directory)
+    directory = local_copy(directory) if is_url(directory) else Path(directory)
     manifest = read_manifest(directory)
     cfg = manifest.get("config", {})
     max_len = int(cfg.get("max_len") or 0)
     if max_len < 1:
-        raise UsageError("manifest.json has no config.max_len", where=str(directory))
+        raise UsageError("manifest.json has no config.max_len", where=display(directory))
     shards = _read_all(directory, manifest)
     n = shards.num_rows
     wanted = [0] if rows is None else list(rows)
@@ -244,7 +246,7 @@ def inspect(
     hist, fill, seg_lengths = _histograms(shards, max_len)
     sources = _sources(manifest)
     report = {
-        "output": str(directory),
+        "output": display(directory),
         "packer_version": manifest.get("packer_version"),
         "inputs": [
             {k: inp.get(k) for k in ("path", "format", "samples", "bytes", "has_labels")}

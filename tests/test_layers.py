@@ -37,6 +37,7 @@ LAYERS = {
     "packer.workers": 1,
     "packer.interrupts": 1,
     "packer.jit": 1,
+    "packer.storage": 1,
     "packer.contract": 2,
     "packer.planning": 3,
     "packer.config": 4,

@@ -21,6 +21,7 @@ from packer.errors import (
     Terminated,
     flag_names,
 )
+from packer.storage.names import displayed
 from packer.version import __version__
 
 app = typer.Typer(
@@ -72,7 +73,7 @@ def user_errors(debug: bool):
     except PackerError as exc:
         if debug:
             raise
-        raise fail(str(exc), exc.exit_code) from None
+        raise fail(displayed(str(exc)), exc.exit_code) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as `Terminated`: clean-up has run
         if debug:
             raise
@@ -97,6 +98,24 @@ def user_errors(debug: bool):
 
 
 OFF = "[default: off]"
+STORAGE_OPTION = typer.Option(
+    [],
+    "--storage-option",
+    metavar="KEY=VALUE",
+    help="An option for the object store, given by hand (e.g. endpoint_url=http://host:9000, "
+    "region_name=...); repeatable. Credentials come from the store's environment first. "
+    "Never printed nor recorded. [default: none]",
+)
+
+
+def set_storage_options(pairs: list[str]) -> None:
+    """Use `--storage-option KEY=VALUE` pairs for every store this command opens."""
+    from packer.storage import parse_pairs, set_options
+
+    if pairs:
+        set_options(parse_pairs(pairs))
+
+
 DEBUG = typer.Option(False, "--debug", help=f"Show the full traceback on errors. {OFF}")
 JSON = typer.Option(
     False, "--json", help=f"Print one JSON object on stdout instead of a table. {OFF}"

@@ -9,13 +9,15 @@ from typing import Optional
 
 import typer
 
-from packer.cli.app import DEBUG, JSON, app, user_errors
+from packer.cli.app import DEBUG, JSON, STORAGE_OPTION, app, set_storage_options, user_errors
 
 
 @app.command("inspect")
 def inspect_command(
-    directory: Path = typer.Argument(
-        ..., metavar="DIR", help="A packer output directory (shards and manifest.json)."
+    directory: str = typer.Argument(
+        ...,
+        metavar="DIR",
+        help="A packer output directory or URL (s3://...; shards and manifest.json).",
     ),
     rows: Optional[list[int]] = typer.Option(
         None,
@@ -47,6 +49,7 @@ def inspect_command(
     hidden_size: int = typer.Option(
         4096, "--hidden-size", help="Hidden size d of the cost model, for --world-size."
     ),
+    storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -56,6 +59,7 @@ def inspect_command(
     from packer.inspection import inspect, load_tokenizer
 
     with user_errors(debug):
+        set_storage_options(storage_option)
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
         report = inspect(directory, rows, tok, world_size, hidden_size)
         for view in report["row_views"]:

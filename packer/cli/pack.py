@@ -9,7 +9,17 @@ from typing import Optional
 
 import typer
 
-from packer.cli.app import DEBUG, JSON, OFF, app, choices, config_default, user_errors
+from packer.cli.app import (
+    DEBUG,
+    JSON,
+    OFF,
+    STORAGE_OPTION,
+    app,
+    choices,
+    config_default,
+    set_storage_options,
+    user_errors,
+)
 from packer.config import ENGINES, ON_ERROR
 from packer.contract.names import POLICIES
 from packer.hashing import ALGORITHMS
@@ -23,11 +33,12 @@ def pack(
         metavar="INPUT...",
         help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs.",
     ),
-    output: Path = typer.Option(
+    output: str = typer.Option(
         ...,
         "--output",
         "-o",
-        help="Output directory for shards and manifest.json (created atomically).",
+        help="Output directory or URL (s3://, gs://, hf://...) for shards and manifest.json "
+        "(complete only when its manifest is: renamed into place, or written last on a store).",
     ),
     max_len: Optional[int] = typer.Option(
         None,
@@ -191,6 +202,7 @@ def pack(
         help="Where --export writes (replaced with --overwrite). [default: OUTPUT-FORMAT beside "
         "the output]",
     ),
+    storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -201,6 +213,7 @@ def pack(
     from packer.pipelines.pack import pack as run_pack
 
     with user_errors(debug):
+        set_storage_options(storage_option)
         export_dest = _export_target(export_to, export_output, output, overwrite)
         cfg = build_config(
             config,
@@ -264,10 +277,11 @@ def pack(
                 )
 
 
-def _export_target(fmt: str | None, dest: Path | None, output: Path, overwrite: bool):
+def _export_target(fmt: str | None, dest: Path | None, output: str, overwrite: bool):
     """Where `--export` writes, refused before any packing if it cannot be written."""
     from packer.errors import UsageError
     from packer.export import FORMATS, check_destination
+    from packer.storage import is_url
 
     if fmt is None:
         if dest is not None:
@@ -275,6 +289,13 @@ def _export_target(fmt: str | None, dest: Path | None, output: Path, overwrite: 
         return None
     if fmt not in FORMATS:
         raise UsageError(f"--export must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if is_url(output):
+        raise UsageError(
+            "--export writes beside a local output; export a URL's output with "
+            "packer export after packing",
+            where=output,
+        )
+    output = Path(output)
     dest = dest if dest is not None else output.with_name(f"{output.name}-{fmt}")
     check_destination(dest, overwrite)
     return dest

@@ -8,7 +8,15 @@ from typing import Optional
 
 import typer
 
-from packer.cli.app import DEBUG, JSON, app, choices, user_errors
+from packer.cli.app import (
+    DEBUG,
+    JSON,
+    STORAGE_OPTION,
+    app,
+    choices,
+    set_storage_options,
+    user_errors,
+)
 from packer.contract.names import POLICIES
 from packer.planning.choices import STRATEGIES
 
@@ -57,6 +65,7 @@ def plan_command(
     input_column: str = typer.Option(
         "input_ids", "--input-column", help="Column holding the token ids."
     ),
+    storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -73,6 +82,7 @@ def plan_command(
     from packer.read.assemble import read_samples
 
     with user_errors(debug):
+        set_storage_options(storage_option)
         if max_len < 1:
             raise UsageError(f"--max-len must be at least 1, got {max_len}")
         if window is not None and window < 1:

@@ -11,7 +11,16 @@ from typing import Optional
 
 import typer
 
-from packer.cli.app import DEBUG, JSON, OFF, app, choices, user_errors
+from packer.cli.app import (
+    DEBUG,
+    JSON,
+    OFF,
+    STORAGE_OPTION,
+    app,
+    choices,
+    set_storage_options,
+    user_errors,
+)
 from packer.errors import EXIT_FAILURE
 from packer.verify.choices import BACKENDS, DTYPES
 
@@ -62,8 +71,10 @@ def progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None] | N
 
 @app.command()
 def verify(
-    output: Path = typer.Argument(
-        ..., metavar="DIR", help="A packer output directory (shards and manifest.json)."
+    output: str = typer.Argument(
+        ...,
+        metavar="DIR",
+        help="A packer output directory or URL (s3://...; shards and manifest.json).",
     ),
     inputs: Optional[list[str]] = typer.Option(
         None,
@@ -117,6 +128,7 @@ def verify(
         help="Run the structure, manifest and input checks alone (no torch needed); the "
         f"attention and model checks are reported as not run. {OFF}",
     ),
+    storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -134,6 +146,7 @@ def verify(
     from packer.verify import verify as run_verify
 
     with user_errors(debug), progress_bars(not json_out) as progress:
+        set_storage_options(storage_option)
         result = run_verify(
             output,
             inputs or None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,8 +22,12 @@ from packer.pipelines.one_plan import pack_one_plan
 from packer.pipelines.result import PackResult, Progress
 from packer.read.cache import default_budget
 from packer.read.files import expand_inputs
+from packer.storage import is_url, parse_url, set_options
+from packer.storage.names import named_errors
+from packer.storage.progress import reporting
 from packer.workers import configure as configure_workers
 from packer.write import commit as output
+from packer.write.remote import RemoteOutput
 
 
 def pack(
@@ -39,6 +43,7 @@ def pack(
     repack: bool = False,
     engine: str | None = None,
     ray_address: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
 ) -> PackResult:
     """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
 
@@ -53,8 +58,15 @@ def pack(
     becomes two adjacent segments of one row. With `config.block_size` or `engine="ray"` the
     block pipeline runs (`packer.pipelines.blocks`): both
     engines write the same bytes for the same configuration.
+
+    Inputs and `output_dir` may be URLs (`s3://`, `gs://`, `hf://`, `file://`, any fsspec
+    protocol; see docs/storage.md): a remote output is complete when its manifest exists, written
+    last and only if absent (or unchanged, with `overwrite`). `storage_options` are passed to
+    the stores by hand (endpoint, keys), for this process; never printed or recorded.
     """
     t0 = time.perf_counter()
+    if storage_options is not None:
+        set_options(storage_options)
     if not isinstance(config, PackConfig):
         raise UsageError(f"config must be a PackConfig, got {type(config).__name__}")
     if isinstance(inputs, (str, os.PathLike)):  # one path, not a sequence of characters
@@ -67,7 +79,36 @@ def pack(
     cfg = replace(config, **{k: v for k, v in runtime.items() if v is not None}).validate()
     workers = configure_workers(A.integer(workers, "workers", minimum=1, none=True))
     out = Path(output_dir)
+    remote = None
+    if (
+        isinstance(output_dir, str)
+        and is_url(output_dir)
+        and parse_url(output_dir).protocol != "file"
+    ):
+        remote = RemoteOutput(output_dir, overwrite)
+        out, overwrite = remote.local, False
+    elif isinstance(output_dir, str) and is_url(output_dir):
+        out = Path(parse_url(output_dir).path)
     output.check_target(out, overwrite)
+    skip = str(remote.url) if remote else out
+    run_args = (inputs, out, cfg, overwrite, progress, workers, memory_budget, out_of_core)
+    try:
+        with reporting(progress), named_errors():
+            result = _run(*run_args, repack, t0, skip)
+            if remote is not None:
+                remote.commit()
+                result.output = output_dir
+                result.seconds = time.perf_counter() - t0
+    finally:
+        if remote is not None:
+            remote.discard()
+    return result
+
+
+def _run(
+    inputs, out, cfg, overwrite, progress, workers, memory_budget, out_of_core, repack, t0, skip
+):
+    """The run on a local output directory (a remote output's local build directory)."""
     blocks = cfg.block_size is not None or cfg.engine != "local"
     if repack and blocks:
         raise UsageError(
@@ -86,7 +127,7 @@ def pack(
         return pack_repack(inputs, out, cfg, **run)
 
     skipped: list[Path] = []
-    inputs = expand_inputs(inputs, skip=out, skipped=skipped)
+    inputs = expand_inputs(inputs, skip=skip, skipped=skipped)
     if cfg.pairs:
         from packer.pipelines.pairs import pack_pairs
 

@@ -21,6 +21,8 @@ from packer.contract.outputs import (
     repack_hint,
 )
 from packer.errors import InputError
+from packer.read.remote import expand_url
+from packer.storage import display, is_url, parse_url
 
 _SUFFIXES = {
     ".jsonl": ("jsonl", None),
@@ -60,7 +62,9 @@ class InputFiles(list):
 
 
 def expand_inputs(
-    inputs: Iterable[str | Path], skip: Path | None = None, skipped: list[Path] | None = None
+    inputs: Iterable[str | Path],
+    skip: Path | str | None = None,
+    skipped: list[Path] | None = None,
 ) -> InputFiles:
     """Files named by the inputs: plain files, directories (recursive) and globs, each sorted.
 
@@ -68,13 +72,25 @@ def expand_inputs(
     being written), the hidden work directories of runs, and every directory holding a packer
     manifest (listed in `skipped`). A packer output, or a file with the packed-row columns,
     named as an INPUT is refused (`PackedInputError`): its rows are already packed.
+
+    URLs (`s3://bucket/prefix/`, globs too) are listed on their store by the same rules and
+    staged locally (`packer.read.remote`); `file://` URLs are plain paths.
     """
     if isinstance(inputs, InputFiles):
         return inputs
-    excluded = _Excluded(skip)
+    remote_skip = None
+    if isinstance(skip, str) and is_url(skip):
+        remote_skip, skip = parse_url(skip).path, None
+    excluded = _Excluded(Path(skip) if skip is not None else None)
     files: list[Path] = []
     for item in inputs:
         text = str(item)
+        if is_url(text):
+            url = parse_url(text, "INPUT")
+            if url.protocol != "file":
+                files.extend(expand_url(text, remote_skip, skipped, detect_format))
+                continue
+            text = url.path
         path = Path(text)
         if path.is_dir():
             if is_packer_output(path):
@@ -107,12 +123,14 @@ def expand_inputs(
     seen: set[Path] = set()
     unique = []
     for f in files:
-        key = f.resolve()
+        key = display(f) if display(f) != str(f) else f.resolve()
         if key in seen:
-            raise InputError("the same file is named twice in the inputs", where=str(f))
+            raise InputError("the same file is named twice in the inputs", where=display(f))
         seen.add(key)
         if has_contract_schema(f, detect_format(f)[0]):
-            raise refuse(f, "it has the packed-row columns cu_seqlens, position_ids, sample_index")
+            raise refuse(
+                display(f), "it has the packed-row columns cu_seqlens, position_ids, sample_index"
+            )
         unique.append(f)
     return InputFiles(unique)
 

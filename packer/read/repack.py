@@ -32,9 +32,11 @@ from packer import hashing
 from packer.contract.manifest import packer_manifest
 from packer.contract.names import MANIFEST, SPLIT_LABELS
 from packer.contract.outputs import PackedInputError, is_packer_output
+from packer.contract.remote import local_copy
 from packer.contract.shards import read_shard
 from packer.errors import InputError, option
 from packer.read.samples import Samples, SourceFile
+from packer.storage import display, is_url
 
 
 @dataclass
@@ -49,7 +51,7 @@ class RepackedSource(SourceFile):
 
 def check_repack_inputs(inputs: list[str | Path]) -> Path:
     """The one packer output that `--repack` reads; anything else is refused in one line."""
-    paths = [Path(str(p)) for p in inputs]
+    paths = [local_copy(p) if is_url(p) else Path(str(p)) for p in inputs]
     for path in paths:
         if not path.is_dir() or not is_packer_output(path):
             raise PackedInputError(
@@ -57,7 +59,7 @@ def check_repack_inputs(inputs: list[str | Path]) -> Path:
                 "not one (original files "
                 "and a packed output would number their samples twice: pack the originals "
                 "on their own, or re-pack the output on its own)",
-                where=str(path),
+                where=display(path),
             )
     if len(paths) != 1:
         raise PackedInputError(
@@ -188,7 +190,7 @@ def _origin(directory: Path, manifest: dict, kept: int, num_input: int, absent) 
     """What the new manifest's `repacked_from` records about the output read."""
     algorithm = manifest.get("config", {}).get("hash", hashing.DEFAULT)
     return {
-        "path": str(directory),
+        "path": display(directory),
         "manifest": {
             "algorithm": algorithm,
             "hash": hashing.file_digest(directory / MANIFEST, algorithm),

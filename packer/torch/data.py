@@ -16,7 +16,9 @@ import pyarrow as pa
 import torch.utils.data
 
 from packer.contract.names import MANIFEST
+from packer.contract.remote import local_copy
 from packer.contract.schema import LIST_COLUMNS
+from packer.storage import is_url
 
 
 @dataclass
@@ -51,7 +53,8 @@ class PackedDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, path: str | Path):
-        self.path = Path(path)
+        # a URL (s3://...) is read from a local copy of the files its manifest lists
+        self.path = local_copy(path) if is_url(path) else Path(path)
         manifest_path = self.path / MANIFEST
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{manifest_path}: not a packer output (no {MANIFEST})")

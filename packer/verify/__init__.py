@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from packer import arguments as A
+from packer.contract.remote import local_copy
 from packer.errors import UsageError, option
+from packer.storage import display, is_url
 from packer.verify.output_version import OutputVersion
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
 
@@ -98,7 +100,7 @@ def verify(
     (`pack --overwrite`), the checks run again on the new one; replaced again, a `UsageError`.
     """
     t0 = time.perf_counter()
-    out = Path(output_dir)
+    out = local_copy(output_dir) if is_url(output_dir) else Path(output_dir)
     version = OutputVersion(out)
     try:
         count = parse_rows(rows)
@@ -119,7 +121,7 @@ def verify(
                 source = _read_source(inputs, manifest)
             checks = _checks_of_version(version, source, run)
             if checks is not None:
-                return VerifyResult(str(out), checks, seconds=time.perf_counter() - t0)
+                return VerifyResult(display(out), checks, seconds=time.perf_counter() - t0)
             version.close()
             if attempt == 0:
                 version = OutputVersion(out)
@@ -128,7 +130,7 @@ def verify(
     raise UsageError(
         "the output changed while it was being verified, twice (a pack --overwrite of it?); "
         "verify it once nothing writes it",
-        where=str(out),
+        where=display(out),
     )
 
 

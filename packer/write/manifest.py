@@ -17,6 +17,7 @@ from packer.config import PackConfig
 from packer.contract.names import REJECTS, SPLIT_LABELS
 from packer.contract.schema import SCHEMA
 from packer.read.samples import Samples
+from packer.storage import display
 from packer.version import __version__
 
 FORMAT_VERSION = 1
@@ -38,7 +39,7 @@ def build_manifest(
         "columns": {f.name: str(f.type) for f in SCHEMA},
         "inputs": [
             {
-                "path": str(s.path),
+                "path": display(s.path),
                 "format": s.format,
                 "bytes": s.size,
                 "fingerprint": s.fingerprint,

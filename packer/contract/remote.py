@@ -1,0 +1,120 @@
+"""A packer output on object storage: its run-unique file names, and a local copy to read.
+
+On a store there is no directory rename, so the output is complete exactly when its
+`manifest.json` exists; the manifest lists the run's files, each named with the run's id
+(`shard-00000.0123456789ab.arrow`), so no later run ever rewrites bytes that a committed
+manifest lists. Readers trust the manifest only: files it does not list are ignored, and a
+prefix without a manifest is an incomplete output.
+
+`local_copy` downloads the files a manifest lists into a local cache (the manifest last), so
+verify, inspect, repack and `PackedDataset` read it with the same code as a local output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from packer import storage
+from packer.contract.manifest import parse_manifest
+from packer.contract.names import MANIFEST
+from packer.errors import InputError, UsageError
+from packer.storage.progress import meter
+from packer.storage.urls import Url, redact
+
+_RUN = re.compile(r"^[^.]+\.[0-9a-f]{12}\.")
+
+
+def new_run_id() -> str:
+    return os.urandom(6).hex()
+
+
+def run_file_name(name: str, run: str) -> str:
+    """`shard-00000.arrow` of run `run` as it is stored: `shard-00000.<run>.arrow`."""
+    stem, dot, rest = name.partition(".")
+    return f"{stem}.{run}.{rest}" if dot else f"{name}.{run}"
+
+
+def is_run_file(name: str) -> bool:
+    """Whether a file name is one of a run's files on a store (listed by a manifest or not)."""
+    return _RUN.match(name) is not None
+
+
+def listed_files(manifest: dict) -> list[str]:
+    """Every file a manifest lists: the shards, then rejects and split labels when present."""
+    names = [s["file"] for s in manifest["shards"]]
+    for key in ("rejects", "split_labels"):
+        entry = manifest.get(key)
+        if isinstance(entry, dict) and isinstance(entry.get("file"), str):
+            names.append(entry["file"])
+    return names
+
+
+def read_remote_manifest(url: Url) -> tuple[dict, bytes] | None:
+    """(manifest, its bytes) of the output at `url`, or None when there is no manifest."""
+    store = storage.store_for(url)
+    data = store.read_bytes(url.child(MANIFEST).path)
+    if data is None:
+        return None
+    return parse_manifest(data, Path(str(url.child(MANIFEST)))), data
+
+
+def incomplete(url: Url) -> InputError:
+    """The one line for a prefix without a manifest (a run that did not finish, or nothing)."""
+    store = storage.store_for(url)
+    if store.walk(url.path):
+        return InputError(
+            "incomplete: no manifest.json (a run that did not finish, or not a packer output)",
+            where=redact(str(url)),
+        )
+    return InputError(
+        "no packer output here (no manifest.json, no objects)", where=redact(str(url))
+    )
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("PACKER_CACHE_DIR") or Path(tempfile.gettempdir()) / "packer-cache")
+
+
+def local_copy(text: str) -> Path:
+    """A local directory holding the output at URL `text` as its manifest lists it.
+
+    The copy is kept under `PACKER_CACHE_DIR` (default: the system's temp directory) in a
+    directory named by the URL and the manifest's hash, and reused while the manifest is the
+    same; the manifest is written last, so a copy cut short is fetched again.
+    """
+    url = storage.parse_url(text)
+    if url.protocol == "file":
+        return Path(url.path)
+    found = read_remote_manifest(url)
+    if found is None:
+        raise incomplete(url)
+    manifest, data = found
+    key = hashlib.sha256(str(url).encode() + b"\0" + data).hexdigest()[:20]
+    local = cache_root() / key
+    storage.names.register(local, str(url))
+    if (local / MANIFEST).is_file() and (local / MANIFEST).read_bytes() == data:
+        return local
+    local.mkdir(parents=True, exist_ok=True)
+    store = storage.store_for(url)
+    for name in listed_files(manifest):
+        if "/" in name or name in ("", ".", ".."):
+            raise UsageError(
+                f"manifest.json lists a file outside the output: {name!r}", where=redact(str(url))
+            )
+        entry = store.entry(url.child(name).path)
+        if entry is None:
+            raise InputError(
+                f"{name}: listed in the manifest but missing on the store", where=redact(str(url))
+            )
+        target = local / name
+        if target.is_file() and target.stat().st_size == entry.size:
+            continue
+        store.download(url.child(name).path, target, meter("download", entry.size, name))
+    part = local / (MANIFEST + ".part")
+    part.write_bytes(data)
+    os.replace(part, local / MANIFEST)
+    return local

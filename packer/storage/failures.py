@@ -1,0 +1,132 @@
+"""One-line errors for what a store says, and retries with backoff for what may pass.
+
+A store's exceptions (pyarrow's OSError with curl and AWS details, botocore's ClientError,
+fsspec's) become one `PackerError` naming the URL: a missing bucket or object, denied access, an
+unreachable endpoint. No message carries a credential: only the URL (`redact`) and the reason.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from packer.errors import InputError, OutputError, PackerError, UsageError
+
+T = TypeVar("T")
+
+ATTEMPTS = 5  # whole-transfer attempts; the clients retry single requests inside each
+BACKOFF = 0.2  # seconds before the second attempt, doubled each time (with jitter)
+
+_DENIED = (
+    "accessdenied",
+    "access denied",
+    "forbidden",
+    "invalidaccesskeyid",
+    "signaturedoesnotmatch",
+    "http 403",
+    "code: 403",
+    "permission",
+    "401",
+)
+_UNREACHABLE = (
+    "couldn't connect",
+    "could not connect",
+    "connection refused",
+    "curlcode: 7",
+    "curlcode: 6",
+    "failed to connect",
+    "name or service not known",
+    "could not resolve",
+    "endpointconnectionerror",
+    "connect timeout",
+    "max retries exceeded",
+    "connection aborted",
+)
+_NO_BUCKET = ("nosuchbucket", "bucket does not exist", "the specified bucket does not exist")
+_TRANSIENT = (
+    "connection reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "incompleteread",
+    "connection was closed",
+    "connection aborted",
+    "remotedisconnected",
+    "slowdown",
+    "internalerror",
+    "serviceunavailable",
+    "http 500",
+    "http 503",
+    "curlcode: 18",
+    "curlcode: 52",
+    "curlcode: 55",
+    "curlcode: 56",
+    "empty reply",
+    "responsestreamingerror",
+    "readtimeout",
+    "protocolerror",
+)
+
+
+def _text(exc: BaseException) -> str:
+    parts = [type(exc).__name__, str(exc)]
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        parts.append(str(response.get("Error", {}).get("Code", "")))
+        parts.append(f"http {response.get('ResponseMetadata', {}).get('HTTPStatusCode', '')}")
+    return " ".join(parts).lower()
+
+
+def kind(exc: BaseException) -> str:
+    """'no_bucket', 'denied', 'unreachable', 'missing', 'transient' or 'other'."""
+    text = _text(exc)
+    if any(k in text for k in _NO_BUCKET):
+        return "no_bucket"
+    if any(k in text for k in _DENIED) or isinstance(exc, PermissionError):
+        return "denied"
+    if any(k in text for k in _UNREACHABLE):
+        return "unreachable"
+    if isinstance(exc, FileNotFoundError) or "nosuchkey" in text or "not found" in text:
+        return "missing"
+    if any(k in text for k in _TRANSIENT) or isinstance(exc, (ConnectionError, TimeoutError)):
+        return "transient"
+    return "other"
+
+
+def one_line(exc: BaseException, where: str, writing: bool = False) -> PackerError:
+    """The user's line for a store failure at `where` (a URL already redacted)."""
+    if isinstance(exc, PackerError):
+        return exc
+    k = kind(exc)
+    error = OutputError if writing else InputError
+    if k == "no_bucket":
+        return error("the bucket does not exist", where=where)
+    if k == "denied":
+        return error("access denied (check the credentials and the bucket's policy)", where=where)
+    if k == "unreachable":
+        return error(
+            "cannot reach the storage endpoint (is it running, is the URL right?)", where=where
+        )
+    if k == "missing":
+        return error("no such object or prefix", where=where)
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return error(f"storage error: {reason[:200]}", where=where)
+
+
+def retrying(fn: Callable[[], T], what: str, writing: bool = False, attempts: int = ATTEMPTS) -> T:
+    """`fn()`, tried again with exponential backoff while its failure looks transient; any
+    failure that is left becomes one line naming `what`."""
+    delay = BACKOFF
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except (PackerError, KeyboardInterrupt, UsageError):
+            raise
+        except Exception as exc:  # noqa: BLE001 (every store failure becomes one line)
+            if kind(exc) != "transient" or attempt == attempts:
+                raise one_line(exc, what, writing) from None
+            time.sleep(delay * (1 + random.random() / 2))
+            delay *= 2
+    raise AssertionError("unreachable")

@@ -1,0 +1,42 @@
+"""Options for the stores that must be given by hand (`--storage-option KEY=VALUE`).
+
+Credentials and endpoints come from each store's own environment and configuration first
+(AWS_* variables, `AWS_ENDPOINT_URL`, `~/.aws`, GCS application defaults, the HF token). The
+options given here are kept in this process only: never printed, never written anywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from packer.errors import UsageError, option
+
+_OPTIONS: dict[str, str] = {}
+
+
+def set_options(options: Mapping[str, str] | None) -> None:
+    """Use `options` for every store opened from now on in this process (replaces earlier ones)."""
+    from packer.storage.stores import forget_stores
+
+    if options is not None and not isinstance(options, Mapping):
+        raise UsageError(
+            f"{option('storage_options', '--storage-option')} must be a mapping of names to values"
+        )
+    _OPTIONS.clear()
+    _OPTIONS.update({str(k): str(v) for k, v in (options or {}).items()})
+    forget_stores()
+
+
+def storage_options() -> dict[str, str]:
+    return dict(_OPTIONS)
+
+
+def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """`KEY=VALUE` strings as a dict; a malformed one is named by its position, never echoed."""
+    out: dict[str, str] = {}
+    for i, pair in enumerate(pairs, 1):
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--storage-option number {i} is not KEY=VALUE")
+        out[key.strip()] = value
+    return out
