@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -106,3 +107,108 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """A Ray cluster of three raylets with one CPU each, on this machine (tests that use it are
+    kept in the xdist group "ray": one cluster per test process)."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False},
+    )
+    for _ in range(2):
+        c.add_node(num_cpus=1, object_store_memory=80 << 20)
+    c.wait_for_nodes()
+    yield c.address
+    c.shutdown()
+
+
+# --------------------------------------------------------------------------------------------
+# A local S3 server (moto in server mode on 127.0.0.1), reached over HTTP by the real clients
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> str:
+    """One moto S3 server for the test session (per xdist worker); its endpoint URL."""
+    moto_server = pytest.importorskip("moto.server")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+class S3:
+    """The bucket `bkt` on the local server, through boto3, for tests to set up and look at."""
+
+    bucket = "bkt"
+
+    def __init__(self, endpoint: str):
+        import boto3
+
+        self.endpoint = endpoint
+        self.client = boto3.client("s3", endpoint_url=endpoint)
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def put_dir(self, local: Path, prefix: str) -> str:
+        """Upload every file below `local` under `prefix`; the prefix's URL."""
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            key = f"{prefix}/{path.relative_to(local).as_posix()}"
+            self.client.upload_file(str(path), self.bucket, key)
+        return self.url(prefix)
+
+    def keys(self, prefix: str = "") -> list[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=prefix
+        )
+        return sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+
+    def get(self, key: str) -> bytes:
+        return self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+
+    def manifest(self, prefix: str) -> dict:
+        return json.loads(self.get(f"{prefix}/manifest.json"))
+
+
+def moto_api(endpoint: str, path: str, body: bytes = b"") -> None:
+    import urllib.request
+
+    request = urllib.request.Request(
+        endpoint + path, data=body, method="POST", headers={"Content-Type": "text/plain"}
+    )
+    urllib.request.urlopen(request).read()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, tmp_path) -> S3:
+    """An empty server with the bucket `bkt`; the AWS_* environment points every client at it
+    (subprocesses too), with no profile or config file of the machine's."""
+    from packer.storage import set_options
+
+    moto_api(s3_server, "/moto-api/reset")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        monkeypatch.delenv(name, raising=False)
+    env = {
+        "AWS_ENDPOINT_URL": s3_server,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing-secret",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+        "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "PACKER_CACHE_DIR": str(tmp_path / "packer-cache"),
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    set_options(None)  # also forgets the stores opened with another environment
+    store = S3(s3_server)
+    store.client.create_bucket(Bucket=S3.bucket)
+    yield store
+    set_options(None)

@@ -24,21 +24,6 @@ pytestmark = pytest.mark.xdist_group("ray")  # one cluster per test process: kee
 BLOCK = "24KiB"
 
 
-@pytest.fixture(scope="session")
-def cluster():
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "object_store_memory": 80 << 20, "include_dashboard": False},
-    )
-    for _ in range(2):
-        c.add_node(num_cpus=1, object_store_memory=80 << 20)
-    c.wait_for_nodes()
-    yield c.address
-    c.shutdown()
-
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
     """Three Parquet files (row groups of 40 rows) and three JSONL files, all with labels."""

@@ -10,20 +10,28 @@ staging of inputs live in the layers that know what an output is (`packer.write.
 
 from __future__ import annotations
 
-from packer.storage.names import display, displayed
-from packer.storage.options import parse_pairs, set_options, storage_options
-from packer.storage.stores import Store, store_for
-from packer.storage.urls import Url, is_url, parse_url
+import importlib
 
-__all__ = [
-    "Store",
-    "Url",
-    "display",
-    "displayed",
-    "is_url",
-    "parse_pairs",
-    "parse_url",
-    "set_options",
-    "storage_options",
-    "store_for",
-]
+# name -> module; loaded on first use, so that `packer.storage.names` (which the CLI imports
+# for its messages) does not load pyarrow's file systems
+_WHERE = {
+    "Store": "stores",
+    "store_for": "stores",
+    "Url": "urls",
+    "is_url": "urls",
+    "parse_url": "urls",
+    "display": "names",
+    "displayed": "names",
+    "parse_pairs": "options",
+    "set_options": "options",
+    "storage_options": "options",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"packer.storage.{_WHERE[name]}"), name)
+    if name in ("names", "options", "stores", "urls", "failures", "progress"):
+        return importlib.import_module(f"packer.storage.{name}")
+    raise AttributeError(f"module 'packer.storage' has no attribute {name!r}")

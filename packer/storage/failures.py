@@ -16,11 +16,12 @@ from packer.errors import InputError, OutputError, PackerError, UsageError
 
 T = TypeVar("T")
 
-ATTEMPTS = 5  # whole-transfer attempts; the clients retry single requests inside each
+ATTEMPTS = 4  # whole-transfer attempts; the clients retry single requests inside each
 BACKOFF = 0.2  # seconds before the second attempt, doubled each time (with jitter)
 
 _DENIED = (
     "accessdenied",
+    "access_denied",
     "access denied",
     "forbidden",
     "invalidaccesskeyid",

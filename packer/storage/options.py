@@ -16,15 +16,12 @@ _OPTIONS: dict[str, str] = {}
 
 def set_options(options: Mapping[str, str] | None) -> None:
     """Use `options` for every store opened from now on in this process (replaces earlier ones)."""
-    from packer.storage.stores import forget_stores
-
     if options is not None and not isinstance(options, Mapping):
         raise UsageError(
             f"{option('storage_options', '--storage-option')} must be a mapping of names to values"
         )
     _OPTIONS.clear()
     _OPTIONS.update({str(k): str(v) for k, v in (options or {}).items()})
-    forget_stores()
 
 
 def storage_options() -> dict[str, str]:

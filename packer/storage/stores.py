@@ -192,7 +192,9 @@ class S3Store(Store):
         def copy():
             self.client.upload_file(str(local), bucket, key, Config=config, Callback=on_bytes)
 
-        retrying(copy, self.where(path), writing=True)
+        # botocore retries each request (connection drops and 5xx included) with backoff;
+        # a failed multipart upload is aborted by s3transfer, leaving no object
+        retrying(copy, self.where(path), writing=True, attempts=1)
         self._confirm(path, local.stat().st_size)
 
     def version(self, path: str) -> str | None:
@@ -243,15 +245,24 @@ class S3Store(Store):
                     continue
 
 
+def attempts() -> int:
+    """Attempts per request (`PACKER_STORAGE_ATTEMPTS`, default 5), for the S3 clients."""
+    try:
+        return max(1, int(os.environ.get("PACKER_STORAGE_ATTEMPTS", "5")))
+    except ValueError:
+        return 5
+
+
 def forget_stores() -> None:
     with _lock:
         _stores.clear()
 
 
 def store_for(url: Url) -> Store:
-    """The store that serves `url` (one per protocol and options, reused)."""
+    """The store that serves `url` (one per protocol, options and environment, reused)."""
     options = storage_options()
-    key = (url.protocol, tuple(sorted(options.items())))
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES)))
+    key = (url.protocol, tuple(sorted(options.items())), env)
     with _lock:
         store = _stores.get(key)
         if store is None:
@@ -296,6 +307,7 @@ def _fsspec(protocol: str, options: dict[str, str]) -> Store:
     return Store(pafs.PyFileSystem(pafs.FSSpecHandler(fs)), protocol)
 
 
+_ENV_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "HF_", "PACKER_STORAGE_")
 _EXTRA = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hf"}
 
 # --storage-option names for S3, in boto3's spelling, and pyarrow's name for each
@@ -342,7 +354,7 @@ def _s3(options: dict[str, str]) -> S3Store:
     if options.get("anonymous") == "true":
         kwargs["anonymous"] = True
     fs = pafs.S3FileSystem(
-        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=5),
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=attempts()),
         connect_timeout=5,
         request_timeout=60,
         **kwargs,
@@ -355,7 +367,7 @@ def _s3(options: dict[str, str]) -> S3Store:
         aws_secret_access_key=options.get("aws_secret_access_key"),
         aws_session_token=options.get("aws_session_token"),
         config=Config(
-            retries={"max_attempts": 5, "mode": "standard"},
+            retries={"max_attempts": attempts(), "mode": "standard"},
             connect_timeout=5,
             read_timeout=60,
             signature_version=None if options.get("anonymous") != "true" else _unsigned(),
