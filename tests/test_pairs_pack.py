@@ -429,3 +429,13 @@ def test_inspect_names_each_side_and_its_input_line(cli, tmp_path):
     for s in segs:
         assert s["sample_index"] == 2 * s["pair_index"] + (s["pair_side"] == "rejected")
         assert s["source"] == {"file": str(path), "line": s["pair_index"] + 1}
+
+
+@pytest.mark.parametrize("fmt", ["trl", "megatron", "megatron-bridge", "mds"])
+def test_export_refuses_a_pairs_output(cli, tmp_path, fmt):
+    path = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(4))
+    assert cli("pack", path, "-o", tmp_path / "o", "-L", "512", "--pairs").exit_code == 0
+    result = cli("export", tmp_path / "o", "--to", fmt, "-o", tmp_path / "x")
+    assert result.exit_code == 2
+    assert "a pairs output (pack --pairs) holds preference pairs" in result.output
+    assert not (tmp_path / "x").exists()

@@ -17,7 +17,7 @@ import numpy as np
 from packer.contract.manifest import read_manifest
 from packer.contract.names import IGNORE_INDEX
 from packer.contract.shards import ShardArrays, read_shard
-from packer.errors import InputError
+from packer.errors import InputError, UsageError
 from packer.export.kernels import first_bad_position_row
 
 
@@ -182,4 +182,10 @@ def open_source(directory: Path) -> Source:
     """The output in `directory`, read through its manifest (one line if it is not one)."""
     directory = Path(directory)
     manifest = read_manifest(directory)
+    if manifest["config"].get("pairs"):
+        raise UsageError(
+            "a pairs output (pack --pairs) holds preference pairs, which these formats would "
+            "train as separate samples; train it with packer.torch (docs/pairs.md)",
+            where=str(directory),
+        )
     return Source(directory, manifest, (directory / "manifest.json").read_bytes())
