@@ -439,3 +439,11 @@ def test_export_refuses_a_pairs_output(cli, tmp_path, fmt):
     assert result.exit_code == 2
     assert "a pairs output (pack --pairs) holds preference pairs" in result.output
     assert not (tmp_path / "x").exists()
+
+
+def test_pack_export_is_refused_with_pairs_before_packing(cli, tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(4))
+    result = cli("pack", path, "-o", tmp_path / "o", "-L", "512", "--pairs", "--export", "trl")
+    assert result.exit_code == 2
+    assert "--export cannot be used with --pairs" in result.output
+    assert not (tmp_path / "o").exists()

@@ -209,6 +209,7 @@ def pack(
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
     from packer.cli.render import pack_table, progress_bars, split_note, stderr
     from packer.config import build_config
+    from packer.errors import UsageError
     from packer.interrupts import sigterm_as_interrupt
     from packer.pipelines.pack import pack as run_pack
 
@@ -239,6 +240,11 @@ def pack(
                 "rejected_column": rejected_column,
             },
         )
+        if export_to is not None and cfg.pairs:
+            raise UsageError(
+                "--export cannot be used with --pairs: the export formats have no pairs and "
+                "would train each side as a separate sample"
+            )
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
             result = run_pack(
                 inputs,
