@@ -396,3 +396,26 @@ def test_pack_export_packs_then_exports(tmp_path, runner):
         ],
     )
     assert r.exit_code == 2 and "--overwrite" in r.output and not (tmp_path / "p3").exists()
+
+
+def test_export_reads_an_output_on_object_storage(s3, tmp_path, runner):
+    src = write_jsonl(tmp_path / "in.jsonl", make_samples(120, seed=11, median=50, max_len=200))
+    cfg = packer.PackConfig(max_len=L, pad=True)
+    packer.pack([src], s3.url("packed"), cfg)
+    packer.pack([src], tmp_path / "local", cfg)
+    r = runner.invoke(
+        app, ["export", s3.url("packed"), "--to", "mds", "-o", str(tmp_path / "remote-mds")]
+    )
+    assert r.exit_code == 0, r.output
+    export(tmp_path / "local", "mds", tmp_path / "local-mds")
+    for name in ("index.json", "shard.00000.mds"):
+        assert (tmp_path / "remote-mds" / name).read_bytes() == (
+            tmp_path / "local-mds" / name
+        ).read_bytes()
+    manifest = json.loads((tmp_path / "remote-mds" / EXPORT_MANIFEST).read_text())
+    assert manifest["source"]["path"] == s3.url("packed")
+    r = runner.invoke(app, ["export", s3.url("none"), "--to", "mds", "-o", str(tmp_path / "x")])
+    assert r.exit_code == 1 and "no packer output here" in r.output
+    assert "Traceback" not in r.output
+    r = runner.invoke(app, ["export", s3.url("packed"), "--to", "mds", "-o", s3.url("mds")])
+    assert r.exit_code == 2 and "local directory" in r.output

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -16,14 +15,20 @@ FORMATS = ("megatron-bridge", "megatron", "mds", "trl")
 
 @app.command("export")
 def export_command(
-    directory: Path = typer.Argument(
-        ..., metavar="OUT", help="A committed packer output directory (shards and manifest.json)."
+    directory: str = typer.Argument(
+        ...,
+        metavar="OUT",
+        help="A committed packer output: a directory, or a URL (s3://, gs://, hf://, ...).",
     ),
     to: str = typer.Option(
         ..., "--to", help=f"The trainer's format: {choices(FORMATS)}. See docs/export.md."
     ),
-    output: Path = typer.Option(
-        ..., "--output", "-o", help="The export directory to create (atomically)."
+    output: str = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="The local export directory to create (atomically).",
     ),
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing export in --output. [default: off]"

@@ -16,9 +16,11 @@ import numpy as np
 
 from packer.contract.manifest import read_manifest
 from packer.contract.names import IGNORE_INDEX
+from packer.contract.remote import local_copy
 from packer.contract.shards import ShardArrays, read_shard
 from packer.errors import InputError, UsageError
 from packer.export.kernels import first_bad_position_row
+from packer.storage import display, is_url
 
 
 @dataclass
@@ -149,6 +151,7 @@ class Source:
     directory: Path
     manifest: dict
     manifest_bytes: bytes
+    name: str = ""  # as the user gave it (a URL without its credentials), for the manifest
 
     @property
     def shards(self) -> list[str]:
@@ -178,14 +181,19 @@ class Source:
         return top
 
 
-def open_source(directory: Path) -> Source:
-    """The output in `directory`, read through its manifest (one line if it is not one)."""
+def open_source(directory: str | Path) -> Source:
+    """The output in `directory` (a path or a URL: then a local copy of the files its manifest
+    lists), read through its manifest (one line if it is not one)."""
+    name = str(directory)
+    if is_url(name):
+        directory = local_copy(name)
+        name = display(name)
     directory = Path(directory)
     manifest = read_manifest(directory)
     if manifest["config"].get("pairs"):
         raise UsageError(
             "a pairs output (pack --pairs) holds preference pairs, which these formats would "
             "train as separate samples; train it with packer.torch (docs/pairs.md)",
-            where=str(directory),
+            where=name,
         )
-    return Source(directory, manifest, (directory / "manifest.json").read_bytes())
+    return Source(directory, manifest, (directory / "manifest.json").read_bytes(), name)

@@ -20,6 +20,7 @@ from packer.errors import UsageError, option
 from packer.export import mds, megatron, megatron_bridge, trl
 from packer.export.rows import Source, label_mismatch, open_source, row_of_token
 from packer.hashing import file_digest
+from packer.storage import display, is_url
 from packer.version import __version__
 from packer.write.commit import building, commit, start
 
@@ -113,7 +114,7 @@ def export(
             "packer_version": __version__,
             "format": to,
             "source": {
-                "path": str(source.directory),
+                "path": source.name or str(source.directory),
                 "manifest_sha256": hashlib.sha256(source.manifest_bytes).hexdigest(),
             },
             "rows": result.rows,
@@ -148,7 +149,13 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
         raise UsageError(
             f"{option('mds_size_limit', '--mds-size-limit')} must be between 1 byte and 4 GiB"
         )
-    source = open_source(Path(output))
+    source = open_source(output)
+    if is_url(str(dest)):
+        raise UsageError(
+            f"{option('dest', '--output')} must be a local directory: exports are written "
+            "locally (copy the committed directory to a store afterwards)",
+            where=display(str(dest)),
+        )
     dest = Path(dest)
     resolved, src = dest.resolve(), source.directory.resolve()
     if resolved == src or src in resolved.parents:
