@@ -536,3 +536,15 @@ def test_url_helpers():
     assert match("b/d/x.jsonl") and match("b/d/e/f/x.jsonl") and not match("b/d/x.parquet")
     assert not glob_pattern("b/d/*.jsonl").match("b/d/e/x.jsonl")
     assert glob_pattern("b/d/p[0-1].arrow").match("b/d/p1.arrow")
+
+
+def test_pack_dataset_writes_its_cache_file_to_s3(s3, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from packer import pack_dataset
+
+    ds = datasets.Dataset.from_list(make_samples(300, seed=3, median=40))
+    here = pack_dataset(ds, 256, overlength="split", cache_file_name=tmp_path / "packed.arrow")
+    there = pack_dataset(ds, 256, overlength="split", cache_file_name=s3.url("cache/packed.arrow"))
+    assert there.num_rows == here.num_rows > 0
+    assert s3.get("cache/packed.arrow") == (tmp_path / "packed.arrow").read_bytes()
+    assert there[0]["input_ids"] == here[0]["input_ids"]

@@ -114,10 +114,19 @@ def progress_bars(enabled: bool):
         transient=True,
     )
     tasks: dict[str, int] = {}
-    titles = {"read": "reading all files", "file": "", "plan": "planning", "write": "writing rows"}
+    titles = {
+        "read": "reading all files",
+        "file": "",
+        "plan": "planning",
+        "write": "writing rows",
+        "download": "downloading",
+        "upload": "uploading",
+    }
 
     def update(stage: str, done: int, total: int, label: str = "") -> None:
         title = titles.get(stage, stage) if stage != "file" else f"  {label}"
+        if stage in ("download", "upload") and label:
+            title = f"{title} {label}"
         amount = _amount(stage, done, total)
         if stage not in tasks:
             tasks[stage] = bars.add_task(title, total=total or None, amount=amount)
@@ -135,7 +144,7 @@ def progress_bars(enabled: bool):
 
 
 def _amount(stage: str, done: int, total: int) -> str:
-    if stage in ("read", "file"):
+    if stage in ("read", "file", "download", "upload"):
         return f"{decimal(done)} / {decimal(total)}"
     if stage == "plan":
         return "done" if total else ""

@@ -40,10 +40,13 @@ from packer.planning.overlength import resolve
 from packer.planning.strategies import Plan, plan, plan_arrays
 from packer.read import objects
 from packer.read.formats import RawTable
+from packer.read.remote import stage_dir
 from packer.read.samples import Rejects
 from packer.read.windows import Piece, window_samples
+from packer.storage import is_url, parse_url
 from packer.write.cache_file import write_cache_file
 from packer.write.in_memory import gather_batches
+from packer.write.remote import upload_file
 from packer.write.seq_lengths import SCHEMA_WITH_LENGTHS
 
 DEFAULT_WINDOW = 100_000  # samples per window when an iterable is packed
@@ -104,8 +107,15 @@ def _pack_held(data, labels, cfg, labels_column, workers, keep_in_memory, cache_
         if labels is not None:
             raise UsageError("labels= is for token lists; a Dataset has a labels column")
         raw = RawTable(hf_datasets.dataset_table(data, cfg.input_column, labels_column))
-        path = hf_datasets.cache_path(data, cfg, keep_in_memory, cache_file_name)
+        remote = is_url(cache_file_name) and parse_url(cache_file_name).protocol != "file"
+        if remote:  # written locally (the result maps it), then uploaded whole
+            local = stage_dir() / f"{os.getpid()}-{parse_url(cache_file_name).name}"
+            path = hf_datasets.cache_path(data, cfg, keep_in_memory, local)
+        else:
+            path = hf_datasets.cache_path(data, cfg, keep_in_memory, cache_file_name)
         table, stats = _pack_raw(raw, cfg, workers, path)
+        if remote:
+            upload_file(path, cache_file_name)
         return hf_datasets.to_dataset(table, data, cfg), stats
     if isinstance(data, (pa.Table, pa.RecordBatch)):
         if labels is not None:

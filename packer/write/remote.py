@@ -127,3 +127,11 @@ def _rename_files(manifest: dict, names: dict[str, str]) -> None:
         entry = manifest.get(key)
         if isinstance(entry, dict) and entry.get("file") in names:
             entry["file"] = names[entry["file"]]
+
+
+def upload_file(local: Path, text: str) -> None:
+    """One whole file to URL `text` (a `pack_dataset` cache file): it exists there only once
+    complete (a failed upload leaves no object), and its size is checked."""
+    url = storage.parse_url(text, "cache_file_name")
+    store = storage.store_for(url)
+    store.upload(local, url.path, meter("upload", local.stat().st_size, redact(str(url))))
