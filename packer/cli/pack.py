@@ -139,6 +139,13 @@ def pack(
         "--overwrite",
         help=f"Replace an existing output (kept in place until the new one is complete). {OFF}",
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Block runs: pick up a killed run to the same output, keeping every block and tail "
+        "task it finished (same inputs and options, else refused); the bytes are those of an "
+        f"uninterrupted run. Without it a killed run's leftovers are removed. {OFF}",
+    ),
     repack: bool = typer.Option(
         False,
         "--repack",
@@ -255,6 +262,7 @@ def pack(
                 workers=workers,
                 memory_budget=memory_budget,
                 repack=repack,
+                resume=resume,
             )
         report = result.report()
         if export_to is not None:

@@ -14,8 +14,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from packer import hashing
 from packer.config import PackConfig
-from packer.pipelines.block_task import BlockResult, block_seed, publish, spill_path, work_dir
+from packer.pipelines import resume
+from packer.pipelines.block_task import (
+    BlockResult,
+    block_seed,
+    listed_file,
+    publish,
+    spill_path,
+    work_dir,
+)
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan, plan
 from packer.read.samples import Samples, as_chunks
@@ -85,7 +94,25 @@ def write_tail(task: TailTask, cfg: PackConfig, tmp: str, workers: int) -> list[
     name = f"shard-t{task.shard:0{task.width}d}.arrow"
     entries = write_shards(samples, segs, pl, one, work, workers=workers, names=lambda _: name)
     publish(work, tmp_dir)
+    files = [listed_file(e) for e in entries]
+    resume.save_task(
+        tmp_dir, tail_task_name(task), files, {"key": task_key(task), "shards": entries}
+    )
     return entries
+
+
+def tail_task_name(task: TailTask) -> str:
+    return f"t{task.shard:0{task.width}d}"
+
+
+def task_key(task: TailTask) -> str:
+    """A digest of what a tail task gathers: its record is kept only for the same rows."""
+    digest = hashing.new("xxh3_128")
+    for a in (task.blocks, task.positions, task.row_starts):
+        digest.update(np.ascontiguousarray(a, np.int64).tobytes())
+        digest.update(b"|")
+    digest.update(f"{task.width},{task.block_width}".encode())
+    return digest.hexdigest()
 
 
 def tail_tasks(

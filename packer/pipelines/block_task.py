@@ -16,13 +16,14 @@ import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from packer.config import PackConfig
+from packer.pipelines import resume
 from packer.pipelines.result import Stats
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, plan
@@ -113,12 +114,64 @@ def spill_path(tmp: Path, block: int, width: int) -> Path:
 
 
 def pack_block(spec: BlockSpec, cfg: PackConfig, tmp: str, workers: int) -> BlockResult:
-    """Stage 2 for one block: read, validate, resolve, plan, write full rows, spill tails."""
+    """Stage 2 for one block: read, validate, resolve, plan, write full rows, spill tails;
+    then the block's completion record (`packer.pipelines.resume`)."""
     from packer.workers import configure
 
-    t0 = time.perf_counter()
     configure(workers)
     tmp_dir = Path(tmp)
+    result = _pack_block(spec, cfg, tmp_dir, workers)
+    files = [listed_file(s) for s in result.shards]
+    if result.tail_lengths.size:
+        files.append(resume.file_entry(spill_path(tmp_dir, spec.block, spec.width), cfg.hash))
+    resume.save_task(tmp_dir, block_task_name(spec), files, encode_block(result))
+    return result
+
+
+def block_task_name(spec: BlockSpec) -> str:
+    return f"b{spec.block:0{spec.width}d}"
+
+
+def listed_file(shard: dict) -> dict:
+    """A shard's manifest entry as a completion record lists it: name, size, hash."""
+    return {"name": shard["file"], **{k: v for k, v in shard.items() if k != "file"}}
+
+
+def encode_block(r: BlockResult) -> dict:
+    """A `BlockResult` as JSON values, for its completion record."""
+    return {
+        "block": r.block,
+        "has_labels": r.has_labels,
+        "stats": asdict(r.stats),
+        "rejects": r.rejects,
+        "shards": r.shards,
+        "tail_lengths": r.tail_lengths.tolist(),
+        "hist": [r.hist[0].tolist(), r.hist[1].tolist()],
+        "seconds": r.seconds,
+        "version": r.version,
+        "split_labels": None if r.split_labels is None else r.split_labels.tolist(),
+    }
+
+
+def decode_block(d: dict) -> BlockResult:
+    """The `BlockResult` a completion record holds (`encode_block` read back)."""
+    split = d["split_labels"]
+    return BlockResult(
+        block=d["block"],
+        has_labels=d["has_labels"],
+        stats=Stats(**d["stats"]),
+        rejects=d["rejects"],
+        shards=d["shards"],
+        tail_lengths=np.asarray(d["tail_lengths"], np.int64),
+        hist=(np.asarray(d["hist"][0], np.int64), np.asarray(d["hist"][1], np.int64)),
+        seconds=d["seconds"],
+        version=d["version"],
+        split_labels=None if split is None else np.asarray(split, np.int64).reshape(-1, 3),
+    )
+
+
+def _pack_block(spec: BlockSpec, cfg: PackConfig, tmp_dir: Path, workers: int) -> BlockResult:
+    t0 = time.perf_counter()
     rejects = Rejects() if cfg.on_error == "skip" else None
     samples, src = block_samples(spec, cfg, rejects)
     common = {

@@ -33,8 +33,16 @@ from packer.config import PackConfig
 from packer.contract.names import REJECTS
 from packer.engines import Engine
 from packer.errors import InputError, UsageError, option
-from packer.pipelines.block_tail import tail_tasks, write_tail
-from packer.pipelines.block_task import DECREASING, WORK, BlockResult, pack_block
+from packer.pipelines import resume
+from packer.pipelines.block_tail import tail_task_name, tail_tasks, task_key, write_tail
+from packer.pipelines.block_task import (
+    DECREASING,
+    WORK,
+    BlockResult,
+    block_task_name,
+    decode_block,
+    pack_block,
+)
 from packer.pipelines.result import PackResult, Stats
 from packer.planning import kernels as algorithms
 from packer.planning.strategies import martello_toth_bound
@@ -61,19 +69,25 @@ def pack_blocks(
     workers: int,
     budget: int,
     t0: float,
+    resume_run: bool = False,
 ) -> PackResult:
-    """Run the block pipeline on `engine` (opened by the caller); the atomic commit stays here."""
+    """Run the block pipeline on `engine` (opened by the caller); the atomic commit stays here.
+
+    resume_run: adopt a dead run's temporary output and keep the tasks it finished
+    (`packer.pipelines.resume`)."""
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
     t = time.perf_counter()
     timings: dict[str, float] = {"engine_start": t - t0}
     scans, specs = _scan(engine, files, cfg, budget)
     timings["scan"] = time.perf_counter() - t
-    tmp = output.start(out)
+    key = resume.run_key(cfg, scans)
+    tmp = resume.open_work(out, key, resume_run)
     with output.building(tmp, out):
+        resume.start_run(tmp, key)
         t = time.perf_counter()
         worker_cpus = engine.task_workers(workers)
-        results = _run_blocks(engine, specs, cfg, tmp, worker_cpus, budget, progress)
+        results, reused = _run_blocks(engine, specs, cfg, tmp, worker_cpus, budget, progress)
         timings["blocks"] = time.perf_counter() - t
         t = time.perf_counter()
         if progress:
@@ -84,10 +98,9 @@ def pack_blocks(
         tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)
         if progress:
             progress("plan", 1, 1)
-        tail_entries = engine.map(write_tail, [(k, cfg, str(tmp), worker_cpus) for k in tasks])
+        tail_entries, tails_reused = _run_tails(engine, tasks, cfg, tmp, worker_cpus)
         timings["tails"] = time.perf_counter() - t
         t = time.perf_counter()
-        shutil.rmtree(tmp / WORK, ignore_errors=True)
         tail_shards = [e for es in tail_entries for e in es]
         shards = [e for r in results for e in r.shards] + tail_shards
         tails = Stats(
@@ -117,6 +130,8 @@ def pack_blocks(
         seconds=time.perf_counter() - t0,
         timings=timings,
         engine=cfg.engine,
+        tasks_reused=reused + tails_reused,
+        tasks_run=len(specs) + len(tasks) - reused - tails_reused,
     )
 
 
@@ -140,24 +155,56 @@ def _scan(engine: Engine, files: list[Path], cfg: PackConfig, budget: int):
 
 def _run_blocks(
     engine: Engine, specs, cfg: PackConfig, tmp: Path, worker_cpus: int, budget: int, progress
-) -> list[BlockResult]:
-    """Stage 2: one `pack_block` task per block, reporting the bytes read as blocks finish."""
+) -> tuple[list[BlockResult], int]:
+    """Stage 2: one `pack_block` task per block without a sound completion record, reporting
+    the bytes read as blocks finish: (every block's result, how many were kept)."""
     total_bytes = sum(s.nbytes for s in specs) or 1
-    done = [0]
+    results: list[BlockResult | None] = [_kept_block(tmp, s) for s in specs]
+    todo = [k for k, r in enumerate(results) if r is None]
+    done = [sum(s.nbytes for s, r in zip(specs, results) if r is not None)]
 
-    def on_block(k: int) -> None:
-        done[0] += specs[k].nbytes
+    def on_block(i: int) -> None:
+        done[0] += specs[todo[i]].nbytes
         if progress:
             progress("read", done[0], total_bytes)
 
     if progress:
-        progress("read", 0, total_bytes)
-    return engine.map(
+        progress("read", done[0], total_bytes)
+    ran = engine.map(
         pack_block,
-        [(s, cfg, str(tmp), worker_cpus) for s in specs],
+        [(specs[k], cfg, str(tmp), worker_cpus) for k in todo],
         on_done=on_block,
         memory=block_memory(specs, budget, cfg.max_len),
     )
+    for k, r in zip(todo, ran):
+        results[k] = r
+    return results, len(specs) - len(todo)
+
+
+def _kept_block(tmp: Path, spec: BlockSpec) -> BlockResult | None:
+    """A block's result from its completion record, or None when it must run."""
+    record = resume.load_task(tmp, block_task_name(spec), {"tail-": tmp / WORK})
+    if record is None or record.get("block") != spec.block or record.get("version") != __version__:
+        return None
+    try:
+        return decode_block(record)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _run_tails(engine: Engine, tasks, cfg: PackConfig, tmp: Path, worker_cpus: int):
+    """Stage 3: one `write_tail` task per tail shard without a sound completion record:
+    (every task's shard entries, how many were kept)."""
+    entries: list[list[dict] | None] = []
+    for task in tasks:
+        record = resume.load_task(tmp, tail_task_name(task), {})
+        keep = record is not None and record.get("key") == task_key(task)
+        entries.append(record["shards"] if keep else None)
+    todo = [k for k, e in enumerate(entries) if e is None]
+    ran = engine.map(write_tail, [(tasks[k], cfg, str(tmp), worker_cpus) for k in todo])
+    for k, e in zip(todo, ran):
+        entries[k] = e
+    return entries, len(tasks) - len(todo)
 
 
 def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite):
@@ -170,6 +217,7 @@ def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects,
         assert entry["file"] == REJECTS
     points = [r.split_labels for r in results if r.split_labels is not None]
     split_labels = write_split_labels(np.concatenate(points) if points else None, tmp, cfg.hash)
+    shutil.rmtree(tmp / WORK, ignore_errors=True)  # records kept until here: a kill resumes
     manifest = build_manifest(
         cfg,
         types.SimpleNamespace(sources=sources),

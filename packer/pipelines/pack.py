@@ -17,6 +17,7 @@ from pathlib import Path
 from packer import arguments as A
 from packer.arguments import parse_size
 from packer.config import PackConfig
+from packer.contract.names import MANIFEST
 from packer.errors import UsageError, option
 from packer.pipelines.one_plan import pack_one_plan
 from packer.pipelines.result import PackResult, Progress
@@ -44,6 +45,7 @@ def pack(
     engine: str | None = None,
     ray_address: str | None = None,
     storage_options: Mapping[str, str] | None = None,
+    resume: bool = False,
 ) -> PackResult:
     """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
 
@@ -63,6 +65,10 @@ def pack(
     protocol; see docs/storage.md): a remote output is complete when its manifest exists, written
     last and only if absent (or unchanged, with `overwrite`). `storage_options` are passed to
     the stores by hand (endpoint, keys), for this process; never printed or recorded.
+
+    `resume=True` (block runs) keeps every block and tail task that a killed run to the same
+    output finished, when its inputs and configuration are the same (`packer.pipelines.resume`);
+    `PackResult.tasks_reused` and `tasks_run` say how many were kept and how many ran.
     """
     t0 = time.perf_counter()
     if storage_options is not None:
@@ -75,26 +81,36 @@ def pack(
         raise UsageError(f"output_dir must be a path, got {output_dir!r}")
     overwrite = A.boolean(overwrite, "overwrite")
     repack = A.boolean(repack, "repack")
+    resume = A.boolean(resume, "resume")
     runtime = {"engine": engine, "ray_address": ray_address}
     cfg = replace(config, **{k: v for k, v in runtime.items() if v is not None}).validate()
     workers = configure_workers(A.integer(workers, "workers", minimum=1, none=True))
     out = Path(output_dir)
     remote = None
+    blocks = cfg.block_size is not None or cfg.engine != "local"
     if (
         isinstance(output_dir, str)
         and is_url(output_dir)
         and parse_url(output_dir).protocol != "file"
     ):
+        if resume:
+            raise UsageError(
+                f"{option('resume=True', '--resume')} picks up runs to a directory on a file "
+                "system, not yet to object storage",
+                where=output_dir,
+            )
         remote = RemoteOutput(output_dir, overwrite)
         out, overwrite = remote.local, False
     elif isinstance(output_dir, str) and is_url(output_dir):
         out = Path(parse_url(output_dir).path)
+    if resume:
+        _check_resume(out, overwrite, blocks and not repack and not cfg.pairs)
     output.check_target(out, overwrite)
     skip = str(remote.url) if remote else out
     run_args = (inputs, out, cfg, overwrite, progress, workers, memory_budget, out_of_core)
     try:
         with reporting(progress), named_errors():
-            result = _run(*run_args, repack, t0, skip)
+            result = _run(*run_args, repack, resume, t0, skip)
             if remote is not None:
                 remote.commit()
                 result.output = output_dir
@@ -106,7 +122,18 @@ def pack(
 
 
 def _run(
-    inputs, out, cfg, overwrite, progress, workers, memory_budget, out_of_core, repack, t0, skip
+    inputs,
+    out,
+    cfg,
+    overwrite,
+    progress,
+    workers,
+    memory_budget,
+    out_of_core,
+    repack,
+    resume,
+    t0,
+    skip,
 ):
     """The run on a local output directory (a remote output's local build directory)."""
     blocks = cfg.block_size is not None or cfg.engine != "local"
@@ -138,7 +165,7 @@ def _run(
 
         budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
         with open_engine(cfg.engine, cfg.ray_address, workers) as tasks:
-            result = pack_blocks(tasks, inputs, out, cfg, budget=budget, **run)
+            result = pack_blocks(tasks, inputs, out, cfg, budget=budget, resume_run=resume, **run)
         result.seconds = time.perf_counter() - t0  # the engine's shutdown included
     else:
         result = pack_one_plan(
@@ -146,3 +173,20 @@ def _run(
         )
     result.skipped_inputs = [str(p) for p in skipped]
     return result
+
+
+def _check_resume(out: Path, overwrite: bool, blocks: bool) -> None:
+    """`resume` is for block runs, and for an output that is not complete yet."""
+    flag = option("resume=True", "--resume")
+    if not blocks:
+        raise UsageError(
+            f"{flag} picks up block runs: pass {option('block_size')} or "
+            f"{option('engine')} ray (not with {option('repack=True', '--repack')} or "
+            f"{option('pairs')})"
+        )
+    if not overwrite and (out / MANIFEST).is_file():
+        raise UsageError(
+            f"the output is complete (it has {MANIFEST}): nothing to resume; pass "
+            f"{option('overwrite=True', '--overwrite')} to pack it again",
+            where=str(out),
+        )

@@ -30,9 +30,15 @@ class PackResult:
     timings: dict = field(default_factory=dict)
     skipped_inputs: list[str] = field(default_factory=list)  # packer outputs left out
     engine: str = "local"
+    # block runs: the block and tail tasks kept from a killed run (`resume`) and those run now
+    tasks_reused: int | None = None
+    tasks_run: int | None = None
 
     def report(self) -> dict:
         """The machine-readable summary printed by `packer pack --json`."""
+        tasks = {}
+        if self.tasks_run is not None:
+            tasks = {"tasks_reused": self.tasks_reused, "tasks_run": self.tasks_run}
         return {
             **self.stats,
             "seconds": round(self.seconds, 3),
@@ -40,6 +46,7 @@ class PackResult:
             "output": str(self.output),
             "skipped_inputs": self.skipped_inputs,
             "engine": self.engine,
+            **tasks,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
         }
 

@@ -1,0 +1,244 @@
+"""Completion records of the block pipeline, and `--resume`, which keeps what a killed run
+finished.
+
+Every run of the block pipeline writes a run record (`run.json`: packer's version, the
+configuration that shapes the output, every input's size and modification time) into its
+temporary output before any task starts, and every block and tail task writes a completion
+record (`b00012.json`, `t00003.json`) after its files are in place: the files it wrote, with
+their sizes and hashes, and what it sent back to the driver. A record is written to a private
+name and renamed into place, so a task killed while writing one leaves no record; on reading,
+a record whose files are missing or of another size is not trusted, and that task runs again.
+
+`--resume` adopts the temporary output of a dead run (`adopt`): when the run record names the
+same inputs and configuration, the directory is renamed to this run's own name and every task
+with a sound record is kept; otherwise the run is refused in one line naming what changed.
+Without `--resume` a dead run's leftovers are removed, as `packer.write.commit` always did.
+
+The file operations are the few small functions below (`write_record`, `read_record`,
+`file_entry`, `intact`, `input_identity`, `dead_runs`), the only places that touch storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+from packer import hashing
+from packer.config import PackConfig
+from packer.contract.names import TMP_MARK
+from packer.errors import UsageError, option
+from packer.version import __version__
+from packer.write import commit as output
+
+RECORDS = "done"  # under the block pipeline's work directory
+RUN = "run.json"
+
+
+# --------------------------------------------------------------------------------------------
+# Storage: the only functions that read or write files
+
+
+def write_record(path: Path, record: dict) -> None:
+    """Write a record whole or not at all: a private name, flushed, then renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.part"
+    with open(part, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(part, path)
+    _fault_point(path.parent)
+
+
+def read_record(path: Path) -> dict | None:
+    """A record, or None when it is missing or unreadable (never half a record)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def file_entry(path: Path, algorithm: str) -> dict:
+    """What a record says of one file it lists: its name, size and content hash."""
+    return {
+        "name": path.name,
+        "bytes": path.stat().st_size,
+        algorithm: hashing.file_digest(path, algorithm),
+    }
+
+
+def intact(base: Path, files: list[dict]) -> bool:
+    """Whether every listed file is in `base` with its recorded size.
+
+    Files are renamed into place whole before their record is written, so a size that matches
+    is the file the record describes; the hashes are there for `verify` and for a reader who
+    wants to check them."""
+    for entry in files:
+        try:
+            if (base / entry["name"]).stat().st_size != entry["bytes"]:
+                return False
+        except (OSError, KeyError, TypeError):
+            return False
+    return True
+
+
+def input_identity(path: str) -> dict:
+    """What says an input is unchanged: its size and modification time."""
+    st = os.stat(path)
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def dead_runs(out: Path) -> list[Path]:
+    """The temporary outputs of runs to `out` whose process is gone, newest first."""
+    prefix = f".{out.name}{TMP_MARK}"
+    try:
+        entries = list(out.parent.iterdir())
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
+        if pid_text.isdigit() and not output.pid_alive(int(pid_text)):
+            found.append(entry)
+    return sorted(found, key=_mtime, reverse=True)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return (path / _WORK / RUN).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Records of a run
+
+_WORK = ".blocks"  # packer.pipelines.block_task.WORK (imported from here would be circular)
+
+
+def records_dir(tmp: Path) -> Path:
+    return tmp / _WORK / RECORDS
+
+
+def run_key(cfg: PackConfig, scans) -> dict:
+    """What a resumed run must share with the killed one: packer, configuration, inputs."""
+    return {
+        "packer": __version__,
+        "config": cfg.to_dict(),
+        "inputs": [
+            {"path": scan.path, **input_identity(scan.path), "fingerprint": scan.fingerprint}
+            for scan in scans
+        ],
+    }
+
+
+def start_run(tmp: Path, key: dict) -> None:
+    """The run record, before any task starts (an adopted run's is written again, alike)."""
+    write_record(tmp / _WORK / RUN, key)
+
+
+def save_task(tmp: Path, name: str, files: list[dict], result: dict) -> None:
+    """A task's completion record, after its files are in place."""
+    write_record(records_dir(tmp) / f"{name}.json", {"task": name, "files": files, **result})
+
+
+def load_task(tmp: Path, name: str, bases: dict[str, Path]) -> dict | None:
+    """A task's record if it and every file it lists are sound, else None (the task reruns).
+
+    bases: the directory of each listed file by name prefix (spill files live under the work
+    directory, shards in the output)."""
+    record = read_record(records_dir(tmp) / f"{name}.json")
+    if record is None or record.get("task") != name or not isinstance(record.get("files"), list):
+        return None
+    for entry in record["files"]:
+        name_ = entry.get("name", "") if isinstance(entry, dict) else ""
+        base = next((d for prefix, d in bases.items() if name_.startswith(prefix)), tmp)
+        if not intact(base, [entry]):
+            return None
+    return record
+
+
+# --------------------------------------------------------------------------------------------
+# Adopting a dead run
+
+
+def open_work(out: Path, key: dict, resume: bool) -> Path:
+    """The temporary output of this run: a dead run's, adopted, or a fresh one.
+
+    With `resume`, the newest dead run to `out` that left a run record is checked against
+    `key` (one line naming what changed when it differs) and renamed to this run's own name;
+    other leftovers are removed. Without it, or when nothing was left, a fresh directory."""
+    adopted = None
+    if resume:
+        for dead in dead_runs(out):
+            old = read_record(dead / _WORK / RUN)
+            if old is None:
+                continue
+            what = changed(old, key)
+            if what:
+                raise UsageError(
+                    f"cannot resume: {what} since the killed run; rerun without "
+                    f"{option('resume=True', '--resume')} to pack from the start",
+                    where=str(out),
+                )
+            adopted = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            os.rename(dead, adopted)
+            break
+    if adopted is None:
+        return output.start(out)
+    output.remove_stale(out)
+    return adopted
+
+
+def changed(old: dict, new: dict) -> str | None:
+    """What differs between the killed run's key and this one's, in words; None when alike."""
+    if old.get("packer") != new["packer"]:
+        return f"packer changed ({old.get('packer')} -> {new['packer']})"
+    old_inputs = {i.get("path"): i for i in old.get("inputs", []) if isinstance(i, dict)}
+    new_inputs = {i["path"]: i for i in new["inputs"]}
+    for path in new_inputs:
+        if path not in old_inputs:
+            return f"the input {path} was added"
+    for path in old_inputs:
+        if path not in new_inputs:
+            return f"the input {path} is gone"
+    for path, now in new_inputs.items():
+        before = old_inputs[path]
+        if before.get("size") != now["size"]:
+            return f"the input {path} changed (size {before.get('size')} -> {now['size']})"
+        if before.get("mtime_ns") != now["mtime_ns"] or before.get("fingerprint") != now.get(
+            "fingerprint"
+        ):
+            return f"the input {path} changed (modified)"
+    if list(old_inputs) != list(new_inputs):
+        return "the inputs are in another order"
+    old_cfg, new_cfg = old.get("config", {}), new["config"]
+    for name in sorted(set(old_cfg) | set(new_cfg)):
+        if old_cfg.get(name) != new_cfg.get(name):
+            return (
+                f"{option(name)} changed ({_shown(old_cfg.get(name))} -> "
+                f"{_shown(new_cfg.get(name))})"
+            )
+    return None
+
+
+def _shown(value) -> str:
+    return "not set" if value is None else str(value)
+
+
+def _fault_point(records: Path) -> None:
+    """Fault injection for tests: with PACKER_FAULT_KILL_AT_RECORDS=N set, the process that
+    writes the N-th completion record kills itself (SIGKILL) right after it."""
+    at = os.environ.get("PACKER_FAULT_KILL_AT_RECORDS")
+    if not at or records.name != RECORDS:
+        return
+    if sum(1 for p in records.iterdir() if p.suffix == ".json") >= int(at):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
