@@ -239,3 +239,50 @@ def test_sigterm_while_ray_wait_blocks_stays_terminated(cluster):
     finally:
         proc.kill()
     assert out == "Terminated\n"
+
+
+def _records(out: Path) -> list[str]:
+    return [p.name for p in out.parent.glob(f".{out.name}.packer-tmp-*/.blocks/done/*.json")]
+
+
+@pytest.mark.parametrize("point", ["blocks", "tails"])
+def test_a_killed_ray_driver_is_resumed_with_the_local_bytes(cluster, inputs, tmp_path, point):
+    """SIGKILL the driver while block (or tail) tasks run; --resume on Ray keeps every task
+    with a completion record and writes what an uninterrupted local run writes."""
+    small = ("--block-size", "2KiB", "--shard-rows", "20")
+
+    def args(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "packer", *pack_args(inputs, out, *small, *extra)]
+
+    local = tmp_path / "local"
+    assert subprocess.run(args(local), capture_output=True).returncode == 0
+    out = tmp_path / "out"
+    on_ray = ("--engine", "ray", "--ray-address", cluster, "--json")
+    proc = subprocess.Popen(args(out, *on_ray), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            names = _records(out)
+            if (point == "blocks" and len(names) >= 40) or any(n[0] == "t" for n in names):
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    seen, still = -1, 0
+    while still < 3:  # Ray ends the dead driver's tasks; wait until no record appears
+        time.sleep(1)
+        count = len(_records(out))
+        still, seen = (still + 1, seen) if count == seen else (0, count)
+    assert not out.exists()
+    if point == "tails":
+        assert seen > 264
+    r = subprocess.run(args(out, *on_ray, "--resume"), capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["tasks_reused"] == seen
+    assert report["tasks_run"] == report["blocks"] + 17 - seen
+    outputs_equal(local, out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "out"]

@@ -96,9 +96,12 @@ def _keep_rows(pl: Plan, keep: np.ndarray) -> Plan:
 
 
 def work_dir(tmp: Path, name: str) -> Path:
-    """A task's private directory for the files it writes, before `publish`."""
+    """A task's private directory for the files it writes, before `publish`.
+
+    `WORK` is made by the driver: a task of a dead driver whose output was adopted by a resumed
+    run (`packer.pipelines.resume`, a rename) fails here instead of recreating the old path."""
     work = tmp / WORK / f"work-{name}-{uuid.uuid4().hex[:8]}"
-    work.mkdir(parents=True)
+    work.mkdir()
     return work
 
 

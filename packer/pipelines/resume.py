@@ -28,7 +28,7 @@ from pathlib import Path
 from packer import hashing
 from packer.config import PackConfig
 from packer.contract.names import TMP_MARK
-from packer.errors import UsageError, option
+from packer.errors import OutputError, UsageError, option
 from packer.version import __version__
 from packer.write import commit as output
 
@@ -42,7 +42,6 @@ RUN = "run.json"
 
 def write_record(path: Path, record: dict) -> None:
     """Write a record whole or not at all: a private name, flushed, then renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     part = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.part"
     with open(part, "w", encoding="utf-8") as fh:
         json.dump(record, fh, sort_keys=True)
@@ -139,7 +138,9 @@ def run_key(cfg: PackConfig, scans) -> dict:
 
 
 def start_run(tmp: Path, key: dict) -> None:
-    """The run record, before any task starts (an adopted run's is written again, alike)."""
+    """The run record and the records' directory, before any task starts (an adopted run's
+    record is written again, alike)."""
+    records_dir(tmp).mkdir(parents=True, exist_ok=True)
     write_record(tmp / _WORK / RUN, key)
 
 
@@ -187,8 +188,17 @@ def open_work(out: Path, key: dict, resume: bool) -> Path:
                     f"{option('resume=True', '--resume')} to pack from the start",
                     where=str(out),
                 )
-            adopted = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            os.rename(dead, adopted)
+            mine = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                os.rename(dead, mine)
+            except FileNotFoundError:  # another run adopted it first
+                continue
+            except OSError as exc:
+                raise OutputError(
+                    f"cannot take over the killed run's files: {output.os_reason(exc)}",
+                    where=str(out),
+                ) from None
+            adopted = mine
             break
     if adopted is None:
         return output.start(out)
