@@ -24,12 +24,13 @@ from packer.contract.names import TMP_MARK
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals")
 
-ARGS = ["-L", "256", "--overlength", "split", "--block-size", "2KiB", "--shard-rows", "20"]
+BLOCKS, TAILS = 87, 15  # of the inputs below, with ARGS
+ARGS = ["-L", "256", "--overlength", "split", "--block-size", "8KiB", "--shard-rows", "20"]
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
-    """Parquet (row groups of 40 rows) and JSONL files with labels: 264 blocks, 17 tail tasks."""
+    """Parquet (row groups of 40 rows) and JSONL files with labels: 87 blocks, 15 tail tasks."""
     d = tmp_path_factory.mktemp("inputs")
     for i in range(3):
         pq.write_table(
@@ -85,14 +86,14 @@ def killed(inputs: Path, out: Path, at: int) -> Path:
 
 def test_uninterrupted_runs_report_every_task_run(full):
     _, report = full
-    assert report["blocks"] == 264
+    assert report["blocks"] == BLOCKS
     assert report["tasks_reused"] == 0
-    assert report["tasks_run"] == 264 + 17
+    assert report["tasks_run"] == BLOCKS + TAILS
 
 
 @pytest.mark.parametrize(
     "at",
-    [1, 100, 264, 264 + 5, 264 + 17],
+    [1, 40, BLOCKS, BLOCKS + 5, BLOCKS + TAILS],
     ids=["first-block", "mid-blocks", "blocks-done", "mid-tails", "before-commit"],
 )
 def test_resume_after_sigkill_keeps_finished_tasks_and_the_bytes(inputs, full, tmp_path, at):
@@ -102,14 +103,14 @@ def test_resume_after_sigkill_keeps_finished_tasks_and_the_bytes(inputs, full, t
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["tasks_reused"] == at
-    assert report["tasks_run"] == 264 + 17 - at
+    assert report["tasks_run"] == BLOCKS + TAILS - at
     outputs_equal(full[0], out)
     assert leftovers(out) == []
     assert {k: v for k, v in report.items() if k not in ("seconds", "timings", "output")} == {
         k: v
         for k, v in full[1].items()
         if k not in ("seconds", "timings", "output", "tasks_reused", "tasks_run")
-    } | {"tasks_reused": at, "tasks_run": 264 + 17 - at}
+    } | {"tasks_reused": at, "tasks_run": BLOCKS + TAILS - at}
 
 
 def test_a_block_killed_before_publishing_runs_again(inputs, full, tmp_path):
@@ -127,7 +128,7 @@ def test_a_block_killed_before_publishing_runs_again(inputs, full, tmp_path):
 
 def test_records_that_cannot_be_trusted_are_redone(inputs, full, tmp_path):
     out = tmp_path / "out"
-    tmp = killed(inputs, out, 264 + 5)
+    tmp = killed(inputs, out, BLOCKS + 5)
     done = tmp / ".blocks" / "done"
     listed = {p.stem: json.loads(p.read_text())["files"] for p in sorted(done.glob("*.json"))}
     with_shard = next(t for t, files in listed.items() if t.startswith("t") and files)
@@ -144,7 +145,7 @@ def test_records_that_cannot_be_trusted_are_redone(inputs, full, tmp_path):
     (done / ".t00009.json.0000.part").write_text(text[: len(text) // 3])  # a kill mid-write
     r = pack(inputs, out, "--resume")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["tasks_reused"] == 264 + 5 - 3
+    assert json.loads(r.stdout)["tasks_reused"] == BLOCKS + 5 - 3
     outputs_equal(full[0], out)
 
 
@@ -186,9 +187,9 @@ def test_a_resume_with_other_options_is_refused_naming_the_option(inputs, tmp_pa
         f"error: {out}: cannot resume: --seed changed (0 -> 3) since the killed run; rerun "
         "without --resume to pack from the start"
     ]
-    r = pack(inputs, out, "--resume", "--block-size", "4KiB")
+    r = pack(inputs, out, "--resume", "--block-size", "16KiB")
     assert r.returncode == 2
-    assert "--block-size changed (2048 -> 4096)" in r.stderr
+    assert "--block-size changed (8192 -> 16384)" in r.stderr
 
 
 def test_resume_with_nothing_to_resume_runs_everything(inputs, full, tmp_path):
@@ -196,7 +197,7 @@ def test_resume_with_nothing_to_resume_runs_everything(inputs, full, tmp_path):
     r = pack(inputs, out, "--resume")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert (report["tasks_reused"], report["tasks_run"]) == (0, 264 + 17)
+    assert (report["tasks_reused"], report["tasks_run"]) == (0, BLOCKS + TAILS)
     outputs_equal(full[0], out)
     # a complete output has nothing to resume
     r = pack(inputs, out, "--resume")
@@ -233,10 +234,10 @@ def test_resume_is_for_block_runs(inputs, tmp_path):
 
 def test_the_library_resumes_and_counts(inputs, full, tmp_path):
     out = tmp_path / "out"
-    killed(inputs, out, 120)
-    cfg = PackConfig(max_len=256, overlength="split", block_size=2048, shard_rows=20)
+    killed(inputs, out, 60)
+    cfg = PackConfig(max_len=256, overlength="split", block_size=8192, shard_rows=20)
     result = packer.pack(inputs, out, cfg, resume=True)
-    assert (result.tasks_reused, result.tasks_run) == (120, 264 + 17 - 120)
+    assert (result.tasks_reused, result.tasks_run) == (60, BLOCKS + TAILS - 60)
     outputs_equal(full[0], out)
     with pytest.raises(packer.errors.UsageError, match="^resume=True picks up block runs"):
         packer.pack(inputs, tmp_path / "o2", PackConfig(max_len=256), resume=True)
