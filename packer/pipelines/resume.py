@@ -29,6 +29,7 @@ from packer import hashing
 from packer.config import PackConfig
 from packer.contract.names import TMP_MARK
 from packer.errors import OutputError, UsageError, option
+from packer.storage import names
 from packer.version import __version__
 from packer.write import commit as output
 
@@ -86,9 +87,14 @@ def intact(base: Path, files: list[dict]) -> bool:
 
 
 def input_identity(path: str) -> dict:
-    """What says an input is unchanged: its size and modification time."""
+    """What says an input is unchanged: its name, size and modification time. A remote input's
+    staged copy (`packer.read.remote`) is named by its URL, and its copy's time means nothing:
+    its size and the sampled fingerprint of its content stand for it."""
     st = os.stat(path)
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    shown = names.display(path)
+    if shown != path:
+        return {"path": shown, "size": st.st_size, "mtime_ns": None}
+    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def dead_runs(out: Path) -> list[Path]:
@@ -131,8 +137,7 @@ def run_key(cfg: PackConfig, scans) -> dict:
         "packer": __version__,
         "config": cfg.to_dict(),
         "inputs": [
-            {"path": scan.path, **input_identity(scan.path), "fingerprint": scan.fingerprint}
-            for scan in scans
+            {**input_identity(scan.path), "fingerprint": scan.fingerprint} for scan in scans
         ],
     }
 
