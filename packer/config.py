@@ -54,6 +54,9 @@ class PackConfig:
     prompt_column: str = "prompt_input_ids"
     chosen_column: str = "chosen_input_ids"
     rejected_column: str = "rejected_input_ids"
+    # Context parallelism (packer.planning.cp): every segment padded at its end to a multiple
+    # of 2 x cp_size, rows carrying cu_seqlens_padded. 1 is off; recorded only when above 1.
+    cp_size: int = 1
 
     def rows_per_shard(self) -> int:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
@@ -100,7 +103,28 @@ class PackConfig:
         self.pairs = A.boolean(self.pairs, "pairs")
         if self.pairs:
             self._validate_pairs()
+        self.cp_size = A.integer(self.cp_size, "cp_size", minimum=1)
+        if self.cp_size > 1:
+            self._validate_cp()
         return self
+
+    def _validate_cp(self) -> None:
+        """Every sample splits into 2 x cp_size equal chunks, so rows must too; CP runs on the
+        local engine with one plan, on samples (not pairs)."""
+        mult = 2 * self.cp_size
+        if self.max_len % mult:
+            raise UsageError(
+                f"{option('max_len')} {self.max_len} must be a multiple of 2 x "
+                f"{option('cp_size')} = {mult} (each row splits into {mult} equal chunks); "
+                f"try {option('max_len')} {max(mult, self.max_len // mult * mult)}"
+            )
+        if self.pairs:
+            raise UsageError(f"{option('cp_size')} cannot be used with {option('pairs')}")
+        if self.block_size is not None or self.engine != "local":
+            raise UsageError(
+                f"{option('cp_size')} runs on the local engine with one global plan (no "
+                f"{option('block_size')}, no {option('engine')} ray)"
+            )
 
     def _validate_pairs(self) -> None:
         """A pair is never split, its columns are three distinct names, and it runs on the
@@ -140,6 +164,8 @@ class PackConfig:
         if not values["pairs"]:
             for name in ("pairs", *PAIR_FIELDS):
                 del values[name]
+        if values["cp_size"] == 1:
+            del values["cp_size"]
         return values
 
 

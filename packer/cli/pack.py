@@ -68,6 +68,14 @@ def pack(
     pad_id: Optional[int] = typer.Option(
         None, "--pad-id", help=f"Token id used for padding. {config_default('0')}"
     ),
+    cp_size: Optional[int] = typer.Option(
+        None,
+        "--cp-size",
+        help="Context-parallel size N: pad every sample (every piece) at its end to a "
+        "multiple of 2N (pad id, labels -100), plan the padded lengths and add "
+        "cu_seqlens_padded; L must be a multiple of 2N (docs/context-parallel.md). "
+        + config_default("1, no CP padding"),
+    ),
     seed: Optional[int] = typer.Option(
         None, "--seed", help=f"Seed for strategies that use randomness. {config_default('0')}"
     ),
@@ -231,6 +239,7 @@ def pack(
                 "overlength": overlength,
                 "pad": pad,
                 "pad_id": pad_id,
+                "cp_size": cp_size,
                 "seed": seed,
                 "window": window,
                 "input_column": input_column,

@@ -62,6 +62,12 @@ def plan_command(
         "--hidden-size",
         help="Model hidden size d in the cost model tokens + Σ l² / (12·d), for --world-size.",
     ),
+    cp_size: int = typer.Option(
+        1,
+        "--cp-size",
+        help="Context-parallel size N: plan every sample padded to a multiple of 2N (as "
+        "`packer pack --cp-size`) and report what that padding costs.",
+    ),
     input_column: str = typer.Option(
         "input_ids", "--input-column", help="Column holding the token ids."
     ),
@@ -75,7 +81,12 @@ def plan_command(
     from rich.markup import escape
 
     from packer.cli.render import stderr
-    from packer.cli.render_plan import balance_warning, histogram_lines, strategy_table
+    from packer.cli.render_plan import (
+        balance_warning,
+        cp_line,
+        histogram_lines,
+        strategy_table,
+    )
     from packer.errors import UsageError
     from packer.planning.compare import compare_strategies
     from packer.planning.overlength import resolve
@@ -94,6 +105,12 @@ def plan_command(
         ):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1, got {value}")
+        if cp_size < 1:
+            raise UsageError(f"--cp-size must be at least 1, got {cp_size}")
+        if cp_size > 1 and max_len % (2 * cp_size):
+            raise UsageError(
+                f"--max-len {max_len} must be a multiple of 2 x --cp-size = {2 * cp_size}"
+            )
         if seed < 0:
             raise UsageError(f"--seed must be non-negative, got {seed}")
         if strategy != "all" and strategy not in STRATEGIES:
@@ -112,6 +129,7 @@ def plan_command(
             world_size=world_size,
             batch_size=batch_size,
             hidden_size=hidden_size,
+            cp_size=cp_size,
         )
         warning = balance_warning(report)
         if warning is not None:
@@ -121,3 +139,5 @@ def plan_command(
         else:
             stderr.print("\n".join(histogram_lines(report)), highlight=False)
             stderr.print(strategy_table(report), crop=False)  # wrapped by the terminal, not cut
+            if report["cp"] is not None:
+                stderr.print(cp_line(report["cp"]), highlight=False, soft_wrap=True)

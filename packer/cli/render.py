@@ -65,6 +65,15 @@ def pack_table(report: dict, max_len: int) -> Table:
             else ()
         ),
         ("efficiency", f"{100 * report['efficiency']:.3f} %"),
+        *(
+            (
+                (f"CP padding (cp_size {report['cp_size']})", f"{report['cp_pad_tokens']:,}"),
+                ("efficiency with CP padding", f"{100 * report['efficiency_padded']:.3f} %"),
+                ("rows / padded lower bound", f"{report['rows_over_lower_bound_padded']:.5f}"),
+            )
+            if "cp_size" in report
+            else ()
+        ),
         ("shards", f"{report['shards']:,}"),
         ("seconds", f"{report['seconds']:.2f}"),
     ]

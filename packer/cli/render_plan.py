@@ -58,6 +58,9 @@ def strategy_table(report: dict) -> Table:
             f"row(s), hidden size {bal['hidden_size']:,}"
         )
     headers = ["strategy", "rows", "efficiency", "rows / best bound"]
+    cp = report.get("cp") is not None
+    if cp:
+        headers.insert(3, "eff. with CP pad")
     if report["window"] is not None:
         headers += ["global rows", "window cost"]
     if report["balance"] is not None:
@@ -67,6 +70,8 @@ def strategy_table(report: dict) -> Table:
     for s in report["strategies"]:
         ratio = f"{s['rows_over_bound']:.5f}" + (" optimal" if s["optimal"] else "")
         cells = [s["strategy"], f"{s['rows']:,}", f"{100 * s['efficiency']:.3f} %", ratio]
+        if cp:
+            cells.insert(3, f"{100 * s['efficiency_padded']:.3f} %")
         if report["window"] is not None:
             cells += [f"{s['global_rows']:,}", f"{100 * s['window_cost']:+.3f} %"]
         if report["balance"] is not None:
@@ -87,3 +92,13 @@ def strategy_table(report: dict) -> Table:
     for cells in rows:
         table.add_row(*cells)
     return table
+
+
+def cp_line(cp: dict) -> str:
+    """What CP padding costs, before packing: its tokens and the lower bound it moves."""
+    return (
+        f"CP size {cp['cp_size']}: every sample padded to a multiple of {cp['multiple']} adds "
+        f"{cp['cp_pad_tokens']:,} tokens ({100 * cp['cp_pad_share']:.3f} % of the padded "
+        f"{cp['padded_tokens']:,}); lower bound {cp['lower_bound']:,} rows without it, "
+        f"{cp['lower_bound_padded']:,} with it (the table's rows plan the padded lengths)"
+    )

@@ -41,3 +41,10 @@ PAIR_COLUMNS = ("pair_index", "pair_side")
 PAIR_SCHEMA = SCHEMA.append(pa.field("pair_index", pa.list_(pa.int64()))).append(
     pa.field("pair_side", pa.list_(pa.int8()))
 )
+
+# Context parallelism (`pack --cp-size N`, N > 1): every segment is padded at its end to a
+# multiple of 2N. `cu_seqlens` then holds the cumulative real lengths (Transformer Engine's
+# `cu_seqlens_q`) and `cu_seqlens_padded` where each segment starts in the row
+# (`cu_seqlens_q_padded`, the boundaries a varlen kernel without CP takes).
+CP_COLUMNS = ("cu_seqlens_padded",)
+CP_SCHEMA = SCHEMA.append(pa.field("cu_seqlens_padded", pa.list_(pa.int32())))

@@ -12,10 +12,12 @@ from pathlib import Path
 
 from packer.arguments import parse_size
 from packer.config import PackConfig
+from packer.contract.schema import CP_SCHEMA
 from packer.errors import OutputError
 from packer.interrupts import interrupt_once
 from packer.pipelines.result import PackResult, Progress, stats_of
 from packer.pipelines.warmup import start_warming
+from packer.planning.cp import padded_lengths
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, plan
 from packer.read.assemble import read_samples
@@ -30,6 +32,7 @@ from packer.read.cache import (
 from packer.read.progress import metering
 from packer.read.samples import Samples
 from packer.write import commit as output
+from packer.write.cp_shards import cp_shard_files, cp_stats
 from packer.write.manifest import build_manifest, split_points, write_rejects, write_split_labels
 from packer.write.shards import write_shards
 
@@ -46,10 +49,11 @@ def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int
     )
     if samples.index is not None:  # skipped samples keep their input numbering
         segs.sample = samples.index[segs.sample]
-    pl = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
+    lengths = padded_lengths(segs.length, cfg.cp_size)  # the lengths themselves without CP
+    pl = plan(lengths, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
     global_rows = None
     if cfg.window is not None:
-        global_rows = plan(segs.length, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows
+        global_rows = plan(lengths, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows
     return segs, pl, global_rows
 
 
@@ -175,13 +179,21 @@ def pack_samples(
     t = time.perf_counter()
     tmp = output.start(out)
     with output.building(tmp, out):
-        shards = write_shards(samples, segs, pl, cfg, tmp, progress, workers)
+        if cfg.cp_size > 1:
+            files = cp_shard_files(cfg)
+            shards = write_shards(samples, segs, pl, files.cfg, tmp, progress, workers, files=files)
+        else:
+            shards = write_shards(samples, segs, pl, cfg, tmp, progress, workers)
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = stats_of(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows).as_dict()
+        if cfg.cp_size > 1:
+            stats.update(cp_stats(segs.length, pl.num_rows, cfg))
         rejects = write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
         split_labels = write_split_labels(split_points(samples, segs), tmp, cfg.hash)
         manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from, split_labels)
+        if cfg.cp_size > 1:
+            manifest["columns"] = {f.name: str(f.type) for f in CP_SCHEMA}
         output.finish(tmp, out, manifest, overwrite)
     timings["write"] = time.perf_counter() - t
     return PackResult(

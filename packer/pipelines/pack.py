@@ -148,6 +148,11 @@ def _run(
             f"{option('repack=True', '--repack')} reads samples back; {option('pairs')} is for "
             "pair files"
         )
+    if repack and cfg.cp_size > 1:
+        raise UsageError(
+            f"{option('repack=True', '--repack')} cannot be used with {option('cp_size')} "
+            "(repack the samples first, then pack them with it)"
+        )
     if repack:
         from packer.pipelines.repack import pack_repack
 

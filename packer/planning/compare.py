@@ -13,6 +13,7 @@ import numpy as np
 from packer.planning import kernels as algorithms
 from packer.planning.balance import DEFAULT_HIDDEN_SIZE, compare_balance
 from packer.planning.choices import STRATEGIES
+from packer.planning.cp import cp_cost, padded_lengths
 from packer.planning.strategies import Plan, lower_bound, martello_toth_bound, plan
 
 
@@ -41,6 +42,7 @@ def compare_strategies(
     world_size: int | None = None,
     batch_size: int = 1,
     hidden_size: int = DEFAULT_HIDDEN_SIZE,
+    cp_size: int = 1,
 ) -> dict:
     """Rows, efficiency, rows / best bound and seconds of each strategy on these lengths.
 
@@ -48,8 +50,13 @@ def compare_strategies(
     With `world_size`, each strategy's rows are also planned into one epoch of batches for
     `world_size` ranks x `batch_size` rows (seed `seed`), balanced by tokens and by attention,
     and the modeled data-parallel efficiency of both is reported (see `packer.planning.balance`).
+    With `cp_size` above 1 the strategies plan the CP-padded lengths (`packer.planning.cp`), the
+    bounds are theirs, `efficiency` counts real tokens only (`efficiency_padded` the padding
+    too) and `cp` says what the padding costs.
     """
-    lengths = np.ascontiguousarray(lengths)
+    real = np.ascontiguousarray(lengths)
+    lengths = np.ascontiguousarray(padded_lengths(real, cp_size)) if cp_size > 1 else real
+    real_tokens = int(real.sum())
     counts, _ = algorithms.length_histogram(lengths.astype(np.int64, copy=False), int(max_len))
     tokens = int(lengths.sum())
     by_tokens = lower_bound(tokens, max_len)
@@ -62,11 +69,13 @@ def compare_strategies(
         entry = {
             "strategy": name,
             "rows": rows,
-            "efficiency": round(tokens / (rows * max_len), 6) if rows else 1.0,
+            "efficiency": round(real_tokens / (rows * max_len), 6) if rows else 1.0,
             "rows_over_bound": round(rows / best, 6) if best else 1.0,
             "optimal": rows == best,
             "seconds": round(seconds, 4),
         }
+        if cp_size > 1:
+            entry["efficiency_padded"] = round(tokens / (rows * max_len), 6) if rows else 1.0
         if window is not None:
             global_rows = _timed_plan(lengths, max_len, name, seed, None)[0].num_rows
             entry["global_rows"] = global_rows
@@ -97,4 +106,5 @@ def compare_strategies(
         "bounds": {"tokens": by_tokens, "martello_toth_l2": l2, "best": best},
         "histogram": length_histogram(lengths, max_len),
         "strategies": results,
+        "cp": cp_cost(real, max_len, cp_size) if cp_size > 1 else None,
     }

@@ -207,6 +207,13 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     manifest = packer_manifest(directory)
     if manifest is None:
         raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
+    if int(manifest.get("config", {}).get("cp_size", 1)) > 1:
+        raise PackedInputError(
+            "a CP output (cp_size above 1): its segments carry CP padding, so "
+            f"{option('repack=True', '--repack')} does not read it; pack the original inputs "
+            "again instead",
+            where=str(directory),
+        )
     has_labels = any(inp.get("has_labels") for inp in manifest.get("inputs", []))
     p = _read_pieces(directory, manifest)
     p.sort()

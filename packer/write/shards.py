@@ -189,6 +189,8 @@ class ShardFiles:
     sync_bytes: int | None = None
     hashed: bool = True
     direct: bool = False
+    # (record batch, gathered tokens) -> the tokens it holds, when `batch` adds some (CP padding)
+    tokens_of: Callable[[pa.RecordBatch, int], int] | None = None
 
 
 SHARDS = ShardFiles()
@@ -275,8 +277,11 @@ class _Output:
             writer = self.writer
             if files.one_file:
                 self.heads.append(writer.bytes)
+            batch = files.batch(buf, rows, tokens, cu_entries)
+            if files.tokens_of is not None:
+                tokens = files.tokens_of(batch, tokens)
             writer.add(
-                files.batch(buf, rows, tokens, cu_entries),
+                batch,
                 tokens,
                 int(buf.sample_row_offsets[rows]),
                 int(buf.loss[:rows].sum()),
