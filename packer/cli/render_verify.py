@@ -30,6 +30,15 @@ def _summary(name: str, d: dict) -> str:
             f"{_fmt(d.get('pairs'))} pairs whole, adjacent, in one row, one prompt "
             f"({_fmt(d.get('segments'))} segments)"
         )
+    if name == "cp":
+        text = f"cp_size {_fmt(d.get('cp_size'))}: {d.get('splits', '-')}"
+        if d.get("ring_rows") is not None:
+            text += (
+                f"; ring attention over {_fmt(d.get('ring_rows'))} rows / "
+                f"{_fmt(d.get('ring_samples'))} samples vs alone max diff "
+                f"{_fmt(d.get('max_ring_diff'))}, controls leak {_fmt(d.get('min_control_diff'))}"
+            )
+        return text
     if name == "attention":
         return (
             f"{d.get('backend')} ({d.get('device')}, {d.get('dtype')}), "

@@ -122,6 +122,13 @@ def verify(
         "every sample of the picked rows the same logits packed as alone. Nothing is "
         "downloaded. [default: none]",
     ),
+    cp_size: Optional[int] = typer.Option(
+        None,
+        "--cp-size",
+        help="On an output packed without --cp-size: check that every row can be split for "
+        "context parallelism of this size (every sample a multiple of 2N). A CP output is "
+        "checked for its own size without it. [default: none]",
+    ),
     no_attention: bool = typer.Option(
         False,
         "--no-attention",
@@ -158,6 +165,7 @@ def verify(
             attention=not no_attention,
             model_dir=model_dir,
             progress=progress,
+            cp_size=cp_size,
         )
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")

@@ -39,6 +39,11 @@ class ShardArrays:
     sample_offset: np.ndarray
     num_loss: np.ndarray
     first_row: int = 0
+    # A CP shard (`pack --cp-size`): `cu` above holds `cu_seqlens_padded` (the boundaries in the
+    # row, which every row check needs) and these the `cu_seqlens` column (cumulative real
+    # lengths). None for other shards.
+    cu_real_off: np.ndarray | None = None
+    cu_real: np.ndarray | None = None
 
     def shard_row(self, r: int) -> int:
         """The row's number in its shard file, as messages give it."""
@@ -107,6 +112,10 @@ def arrays_from_table(table: pa.Table, name: str, first_row: int = 0) -> ShardAr
     lab_off, labels = _list_parts(cols["labels"])
     pos_off, pos = _list_parts(cols["position_ids"])
     cu_off, cu = _list_parts(cols["cu_seqlens"])
+    cu_real_off = cu_real = None
+    if "cu_seqlens_padded" in cols:  # a CP shard: the row's boundaries are the padded ones
+        cu_real_off, cu_real = cu_off, cu
+        cu_off, cu = _list_parts(cols["cu_seqlens_padded"])
     si_off, sample_index = _list_parts(cols["sample_index"])
     so_off, sample_offset = _list_parts(cols["sample_offset"])
     num_loss = cols["num_loss_tokens"].to_numpy(zero_copy_only=False)
@@ -127,4 +136,6 @@ def arrays_from_table(table: pa.Table, name: str, first_row: int = 0) -> ShardAr
         sample_offset,
         num_loss,
         first_row,
+        cu_real_off,
+        cu_real,
     )

@@ -85,6 +85,7 @@ def verify(
     attention: bool = True,
     model_dir: str | Path | None = None,
     progress: Progress | None = None,
+    cp_size: int | None = None,
 ) -> VerifyResult:
     """Verify a packer output; the result says which checks passed and what differs where.
 
@@ -95,6 +96,8 @@ def verify(
     sample the same logits packed as alone (`packer.torch.check_isolation`).
     `progress(stage, done, total)` is called as each check goes (the CLI draws it; the library
     prints nothing).
+    `cp_size`: on an output packed without `--cp-size`, whether every row can be split for
+    that CP size (the `cp` check); a CP output is checked for its own CP size regardless.
 
     Every file is read from one version of the output: if it is replaced while it is checked
     (`pack --overwrite`), the checks run again on the new one; replaced again, a `UsageError`.
@@ -105,11 +108,22 @@ def verify(
     try:
         count = parse_rows(rows)
         seed = A.integer(seed, "seed", minimum=0)
+        cp_size = A.integer(cp_size, "cp_size", minimum=1, none=True)
         chosen = _backend(attention, backend, dtype, model_check, model_dir)
 
         def run(path: Path, manifest: dict, source) -> dict:
             return _run_checks(
-                path, manifest, source, chosen, count, seed, model_check, model_dir, dtype, progress
+                path,
+                manifest,
+                source,
+                chosen,
+                count,
+                seed,
+                model_check,
+                model_dir,
+                dtype,
+                progress,
+                cp_size,
             )
 
         inputs = list(inputs or [])
@@ -203,6 +217,7 @@ def _run_checks(
     model_dir: str | Path | None,
     dtype: str | None,
     progress: Progress | None,
+    cp_size: int | None = None,
 ) -> dict[str, CheckResult]:
     """Every check on the output read through `out` (one version of it)."""
     from packer.verify.structure import check_structure
@@ -228,6 +243,13 @@ def _run_checks(
 
         pairs_check = add(CheckResult("pairs"))
         check_pairs(out, statuses, pairs_check, manifest, source, input_check)
+    packed_cp = int(manifest["config"].get("cp_size", 1))
+    cp_check = None
+    if packed_cp > 1 or (cp_size or 1) > 1:
+        from packer.verify.cp_check import check_cp_split
+
+        cp_check = add(CheckResult("cp"))
+        check_cp_split(statuses, packed_cp, cp_size, cp_check)
 
     if chosen is None:
         for name in ("attention", "negative_control", "model", "user_model"):

@@ -23,6 +23,7 @@ class RowStatus:
     shard: ShardArrays
     code: np.ndarray
     seg_len: np.ndarray
+    cp_sound: np.ndarray | None = None  # a CP shard's rows that keep the CP layout
 
     @property
     def cu_usable(self) -> np.ndarray:

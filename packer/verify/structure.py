@@ -17,6 +17,8 @@ import numpy as np
 from packer import hashing
 from packer.contract.shards import ShardArrays, read_shard
 from packer.read.samples import Samples
+from packer.verify import kernels as K
+from packer.verify.cp_rows import check_cp_rows, real_lengths, unpadded
 from packer.verify.provenance import check_provenance
 from packer.verify.rejects import read_rejects
 from packer.verify.result import CheckResult, Failure
@@ -111,7 +113,11 @@ def _check_shards(
         except (ValueError, OSError) as exc:
             structure.fail(Failure(f"{name}: {exc}", shard=name))
             continue
-        statuses += [check_shard_rows(b, max_len, pad, pad_id, structure) for b in batches]
+        for b in batches:
+            status = check_shard_rows(b, max_len, pad, pad_id, structure)
+            if b.cu_real is not None or int(cfg.get("cp_size", 1)) > 1:
+                cp_view(status, int(cfg.get("cp_size", 1)), pad_id, structure)
+            statuses.append(status)
         shards_read += 1
         check_manifest_entry(entry, batches, manifest_check)
     for extra in sorted(p.name for p in output_dir.glob("*.arrow") if p.name not in listed):
@@ -192,13 +198,16 @@ def check_structure(
         rejected,
         source_rejected,
     )
-    totals = _totals(statuses, prov, pad)
+    cp = int(cfg.get("cp_size", 1)) > 1
+    totals = _totals(statuses, prov, pad or cp)
     if pairs:
         totals["samples_packed"] //= 2
     if structure.ok:
         _check_stats(manifest["stats"], totals, manifest_check)
     if source is not None:
-        check_source(statuses, source, input_check)
+        check_source(
+            [unpadded_status(st) for st in statuses] if cp else statuses, source, input_check
+        )
         input_check.details.update({"samples": source.num_samples, "tokens": source.num_tokens})
     structure.details.update(
         {
@@ -216,3 +225,39 @@ def check_structure(
     if on_shard:
         on_shard(n_shards, n_shards)
     return statuses
+
+
+def cp_view(status: RowStatus, cp_size: int, pad_id: int, structure: CheckResult) -> None:
+    """A CP shard's rows checked for the CP layout; its sample entries' lengths become the
+    real ones (what provenance counts). A shard of a CP output without `cu_seqlens_padded`
+    fails."""
+    shard = status.shard
+    if shard.cu_real is None:
+        structure.fail(
+            Failure(
+                f"{shard.name}: the manifest says cp_size {cp_size} but the shard has no "
+                "cu_seqlens_padded column",
+                shard=shard.name,
+            )
+        )
+        return
+    if cp_size < 2:
+        structure.fail(
+            Failure(
+                f"{shard.name}: a cu_seqlens_padded column, but the manifest records no cp_size",
+                shard=shard.name,
+            )
+        )
+        return
+    sound = check_cp_rows(shard, cp_size, pad_id, status.cu_usable, structure)
+    status.seg_len = real_lengths(shard, status.seg_len, sound)
+    status.cp_sound = sound
+
+
+def unpadded_status(status: RowStatus) -> RowStatus:
+    """The status over the shard without its CP padding (CP-sound rows only are compared)."""
+    shard = status.shard
+    if shard.cu_real is None or status.cp_sound is None:
+        return status
+    code = np.where(status.cp_sound, status.code, K.CU_START)  # unsound rows: not compared
+    return RowStatus(unpadded(shard), code, status.seg_len)
