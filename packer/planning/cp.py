@@ -45,3 +45,38 @@ def cp_cost(lengths: np.ndarray, max_len: int, cp_size: int) -> dict:
         "lower_bound": lower_bound(tokens, max_len),
         "lower_bound_padded": lower_bound(padded_tokens, max_len),
     }
+
+
+def zigzag_index(cu_seqlens_padded: np.ndarray, cp_rank: int, cp_size: int) -> np.ndarray:
+    """The row positions that CP rank `cp_rank` holds, in the order it holds them.
+
+    Each segment `[cu[k], cu[k + 1])` splits into `2 x cp_size` equal chunks; the rank takes chunk
+    `cp_rank`, then chunk `2 x cp_size - 1 - cp_rank`, segment after segment (the load-balanced
+    "zigzag" split of Transformer Engine's THD format and zigzag varlen ring flash-attention).
+    Every segment's length must be a multiple of `2 x cp_size`.
+    """
+    cu = np.asarray(cu_seqlens_padded, np.int64)
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(
+            f"cp_rank must be in [0, cp_size), got cp_rank={cp_rank}, cp_size={cp_size}"
+        )
+    seg = np.diff(cu)
+    mult = 2 * cp_size
+    if len(seg) and (np.any(seg < 0) or np.any(seg % mult)):
+        bad = int(np.flatnonzero((seg < 0) | (seg % mult != 0))[0])
+        raise ValueError(
+            f"cu_seqlens_padded: segment {bad} has length {int(seg[bad])}, "
+            f"not a multiple of 2 x cp_size = {mult}"
+        )
+    chunk = seg // mult
+    first = cu[:-1] + cp_rank * chunk
+    second = cu[:-1] + (mult - 1 - cp_rank) * chunk
+    starts = np.stack([first, second], axis=1).ravel()
+    sizes = np.repeat(chunk, 2)
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    # one arange per chunk, without a Python loop: offsets within chunks plus chunk starts
+    ends = np.cumsum(sizes)
+    base = np.repeat(starts - (ends - sizes), sizes)
+    return base + np.arange(total, dtype=np.int64)
