@@ -9,6 +9,7 @@ retried without a trace, that bad input fails like the local engine and leaves n
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -286,3 +287,19 @@ def test_a_killed_ray_driver_is_resumed_with_the_local_bytes(cluster, inputs, tm
     assert report["tasks_run"] == 87 + 15 - seen
     outputs_equal(local, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "out"]
+
+
+def test_no_address_starts_its_own_instance_beside_a_running_cluster(cluster, inputs, tmp_path):
+    """Without --ray-address packer starts a local Ray of --workers CPUs, even while another Ray
+    runs on this machine (the test cluster here), instead of joining it."""
+    local, on_ray = tmp_path / "local", tmp_path / "ray"
+    base = [sys.executable, "-m", "packer"]
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    r = subprocess.run(
+        [*base, *pack_args(inputs, local, "--block-size", BLOCK)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    args = pack_args(inputs, on_ray, "--engine", "ray", "--workers", "1", "--block-size", BLOCK)
+    r = subprocess.run([*base, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    outputs_equal(local, on_ray)

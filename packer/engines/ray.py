@@ -68,8 +68,11 @@ class RayEngine:
         if ray.is_initialized():  # a library user's own session: use it, leave it running
             pass
         elif address is None:
+            # "local" starts a new instance even where another Ray runs on this machine (a bare
+            # ray.init() would join that one, and refuse num_cpus)
             _init(
                 ray,
+                address="local",
                 num_cpus=workers,
                 include_dashboard=False,
                 object_store_memory=OBJECT_STORE_BYTES,
