@@ -447,3 +447,47 @@ def test_pack_export_is_refused_with_pairs_before_packing(cli, tmp_path):
     assert result.exit_code == 2
     assert "--export cannot be used with --pairs" in result.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("overlength", ["drop", "truncate"])
+def test_plan_pairs_predicts_the_rows_pack_writes(cli, tmp_path, overlength):
+    pairs = make_pairs(150, seed=11, prompt=25, completion=25)
+    path = write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    need = [2 * len(p[COLS[0]]) + len(p[COLS[1]]) + len(p[COLS[2]]) for p in pairs]
+    common = ["-L", "120", "--pairs", "--overlength", overlength]
+    r = cli("plan", path, *common, "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    over = sum(n > 120 for n in need)
+    assert over > 0
+    assert report["pairs"]["pairs_in"] == 150
+    assert report["pairs"]["dropped" if overlength == "drop" else "truncated"] == over
+    kept = 150 - (over if overlength == "drop" else 0)
+    assert report["pairs"]["pairs"] == report["samples"] == kept
+    for strategy in report["strategies"]:
+        out = tmp_path / strategy["strategy"]
+        r = cli("pack", path, "-o", out, *common, "--strategy", strategy["strategy"], "--json")
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["rows"] == strategy["rows"], strategy["strategy"]
+    r = cli("plan", path, *common)
+    assert r.exit_code == 0 and f"planned {kept} pairs" in r.stderr
+
+
+def test_plan_pairs_refusals(cli, tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(10))
+    r = cli("plan", path, "-L", "128", "--pairs", "--cp-size", "2")
+    assert r.exit_code == 2 and "--cp-size cannot be used with --pairs" in r.stderr
+    r = cli("plan", path, "-L", "128", "--pairs", "--overlength", "split")
+    assert r.exit_code == 2 and "a pair is never split" in r.stderr
+    samples = write_jsonl(tmp_path / "s.jsonl", [{"input_ids": [1, 2, 3]}])
+    r = cli("plan", samples, "-L", "128", "--pairs")
+    assert r.exit_code != 0 and "prompt_input_ids" in r.stderr and "Traceback" not in r.output
+
+
+def test_a_pairs_output_is_not_repacked(cli, tmp_path):
+    path = write_jsonl(tmp_path / "pairs.jsonl", make_pairs(20))
+    assert cli("pack", path, "-o", tmp_path / "out", "-L", "200", "--pairs").exit_code == 0
+    r = cli("pack", tmp_path / "out", "-o", tmp_path / "re", "--repack", "-L", "400")
+    assert r.exit_code == 2, r.output
+    assert "a pairs output" in r.stderr and "with --pairs" in r.stderr
+    assert not (tmp_path / "re").exists()

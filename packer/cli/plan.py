@@ -71,6 +71,24 @@ def plan_command(
     input_column: str = typer.Option(
         "input_ids", "--input-column", help="Column holding the token ids."
     ),
+    pairs: bool = typer.Option(
+        False,
+        "--pairs",
+        help="The inputs are preference pairs (as `packer pack --pairs`): plan each pair as one "
+        "item of its packed length, prompt twice plus both completions; --overlength drop or "
+        "truncate applies to whole pairs.",
+    ),
+    prompt_column: str = typer.Option(
+        "prompt_input_ids", "--prompt-column", help="With --pairs: the prompt's token ids."
+    ),
+    chosen_column: str = typer.Option(
+        "chosen_input_ids", "--chosen-column", help="With --pairs: the chosen completion's ids."
+    ),
+    rejected_column: str = typer.Option(
+        "rejected_input_ids",
+        "--rejected-column",
+        help="With --pairs: the rejected completion's ids.",
+    ),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -85,9 +103,11 @@ def plan_command(
         balance_warning,
         cp_line,
         histogram_lines,
+        pairs_line,
         strategy_table,
     )
     from packer.errors import UsageError
+    from packer.pipelines.pairs import pair_item_lengths
     from packer.planning.compare import compare_strategies
     from packer.planning.overlength import resolve
     from packer.read.assemble import read_samples
@@ -117,9 +137,16 @@ def plan_command(
             raise UsageError(
                 f"unknown --strategy '{strategy}' (choose from all, {', '.join(STRATEGIES)})"
             )
+        if pairs and cp_size > 1:
+            raise UsageError("--cp-size cannot be used with --pairs")
         names = STRATEGIES if strategy == "all" else (strategy,)
-        samples = read_samples(inputs, input_column, labels_column=None, chunked=True)
-        lengths = resolve(samples.lengths, max_len, overlength, locate=samples.locate).length
+        if pairs:
+            columns = (prompt_column, chosen_column, rejected_column)
+            lengths, pair_counts = pair_item_lengths(inputs, columns, max_len, overlength)
+        else:
+            samples = read_samples(inputs, input_column, labels_column=None, chunked=True)
+            lengths = resolve(samples.lengths, max_len, overlength, locate=samples.locate).length
+            pair_counts = None
         report = compare_strategies(
             lengths,
             max_len,
@@ -131,6 +158,7 @@ def plan_command(
             hidden_size=hidden_size,
             cp_size=cp_size,
         )
+        report["pairs"] = pair_counts
         warning = balance_warning(report)
         if warning is not None:
             stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
@@ -139,5 +167,7 @@ def plan_command(
         else:
             stderr.print("\n".join(histogram_lines(report)), highlight=False)
             stderr.print(strategy_table(report), crop=False)  # wrapped by the terminal, not cut
+            if pair_counts is not None:
+                stderr.print(pairs_line(pair_counts), highlight=False, soft_wrap=True)
             if report["cp"] is not None:
                 stderr.print(cp_line(report["cp"]), highlight=False, soft_wrap=True)

@@ -13,7 +13,7 @@ def histogram_lines(report: dict, width: int = 40) -> list[str]:
     n = max(report["samples"], 1)
     digits = len(str(edges[-1]))
     lines = [
-        f"lengths of {report['samples']:,} samples (min {report['length_min']}, "
+        f"lengths of {report['samples']:,} {_items(report)} (min {report['length_min']}, "
         f"median {report['length_median']:g}, max {report['length_max']}, L = "
         f"{report['max_len']:,})"
     ]
@@ -45,12 +45,12 @@ def balance_warning(report: dict) -> str | None:
 def strategy_table(report: dict) -> Table:
     b = report["bounds"]
     title = (
-        f"{report['samples']:,} samples, {report['tokens']:,} tokens, L = "
+        f"{report['samples']:,} {_items(report)}, {report['tokens']:,} tokens, L = "
         f"{report['max_len']:,}; bounds: ⌈tokens/L⌉ = {b['tokens']:,}, Martello–Toth L2 = "
         f"{b['martello_toth_l2']:,}"
     )
     if report["window"] is not None:
-        title += f"; window = {report['window']:,} samples"
+        title += f"; window = {report['window']:,} {_items(report)}"
     if report["balance"] is not None:
         bal = report["balance"]
         title += (
@@ -102,3 +102,18 @@ def cp_line(cp: dict) -> str:
         f"{cp['padded_tokens']:,}); lower bound {cp['lower_bound']:,} rows without it, "
         f"{cp['lower_bound_padded']:,} with it (the table's rows plan the padded lengths)"
     )
+
+
+def pairs_line(counts: dict) -> str:
+    """How many pairs the table plans, each as one item (a pair is never split across rows)."""
+    line = (
+        f"planned {counts['pairs']:,} pairs as items of prompt x 2 + chosen + rejected tokens "
+        "(a pair is never split)"
+    )
+    if counts["dropped"] or counts["truncated"]:
+        line += f"; {counts['dropped']:,} dropped, {counts['truncated']:,} truncated"
+    return line
+
+
+def _items(report: dict) -> str:
+    return "pairs" if report.get("pairs") else "samples"

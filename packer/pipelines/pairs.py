@@ -35,6 +35,22 @@ def segment_plan(items: Plan) -> Plan:
     return Plan(order=order.astype(np.int64), row_starts=2 * items.row_starts)
 
 
+def pair_item_lengths(
+    inputs: list, columns: tuple[str, str, str], max_len: int, overlength: str
+) -> tuple[np.ndarray, dict]:
+    """What `packer plan --pairs` plans: each kept pair's packed length (prompt twice and both
+    completions, after `overlength`), and the pair counts."""
+    pairs = read_pairs(inputs, columns, "error")
+    kept = resolve_pairs(*pairs.lengths, max_len, overlength, locate=pairs.locate)
+    counts = {
+        "pairs_in": pairs.num_pairs,
+        "pairs": kept.num_pairs,
+        "dropped": kept.dropped,
+        "truncated": kept.truncated,
+    }
+    return np.ascontiguousarray(kept.item_lengths, np.int64), counts
+
+
 def plan_pairs(inputs: list[Path], cfg: PackConfig, on_file=None):
     """Read, resolve and plan: (samples, segments, segment plan, stats without the rows'
     loss and pad tokens). Shared by `pack_pairs` and `packer plan`-like callers."""

@@ -214,6 +214,13 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
             "again instead",
             where=str(directory),
         )
+    if manifest.get("config", {}).get("pairs"):
+        raise PackedInputError(
+            "a pairs output (pack --pairs): a repack would pack each side as a separate sample "
+            f"and could split a pair across rows, so {option('repack=True', '--repack')} does not "
+            "read it; pack the pair files again with --pairs instead",
+            where=str(directory),
+        )
     has_labels = any(inp.get("has_labels") for inp in manifest.get("inputs", []))
     p = _read_pieces(directory, manifest)
     p.sort()
