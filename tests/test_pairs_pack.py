@@ -491,3 +491,28 @@ def test_a_pairs_output_is_not_repacked(cli, tmp_path):
     assert r.exit_code == 2, r.output
     assert "a pairs output" in r.stderr and "with --pairs" in r.stderr
     assert not (tmp_path / "re").exists()
+
+
+def test_pairs_from_and_to_object_storage_give_the_local_bytes(cli, s3, tmp_path):
+    """Pair files on the local S3 server, packed into it: the shards are the local run's bytes
+    and `verify` (with its pair checks) passes on the URL."""
+    pairs = make_pairs(80, seed=5)
+    src = tmp_path / "src"
+    src.mkdir()
+    write_jsonl(src / "a.jsonl", pairs[:50])
+    pq.write_table(pair_table(pairs[50:]), src / "b.parquet")
+    url = s3.put_dir(src, "prefs")
+    common = ["-L", "160", "--pairs"]
+    assert cli("pack", src, "-o", tmp_path / "local", *common).exit_code == 0
+    r = cli("pack", url, "-o", s3.url("packed"), *common)
+    assert r.exit_code == 0, r.output
+    local = sorted((tmp_path / "local").glob("shard-*.arrow"))
+    remote = [k for k in s3.keys("packed/") if "/shard-" in k]
+    assert len(local) == len(remote) > 0
+    for path, key in zip(local, remote):
+        assert s3.get(key) == path.read_bytes(), key
+    assert s3.manifest("packed")["config"]["pairs"] is True
+    r = cli("verify", s3.url("packed"), "--json")
+    assert r.exit_code == 0, r.output
+    check = json.loads(r.stdout)["checks"]["pairs"]
+    assert check["ok"] and check["ran"] and check["pairs"] == 80
