@@ -471,6 +471,11 @@ def test_plan_pairs_predicts_the_rows_pack_writes(cli, tmp_path, overlength):
         assert json.loads(r.stdout)["rows"] == strategy["rows"], strategy["strategy"]
     r = cli("plan", path, *common)
     assert r.exit_code == 0 and f"planned {kept} pairs" in r.stderr
+    r = cli("pack", path, "-o", tmp_path / "table", *common)
+    assert r.exit_code == 0, r.output
+    table = " ".join(r.stderr.split())
+    assert f"pairs packed │ {kept}" in table and f"segments │ {2 * kept}" in table
+    assert "samples" not in table
 
 
 def test_plan_pairs_refusals(cli, tmp_path):

@@ -286,7 +286,7 @@ def pack(
                 stderr.print(
                     f"note: skipped {skipped}: a packer output, not samples", highlight=False
                 )
-            stderr.print(pack_table(report, cfg.max_len))
+            stderr.print(pack_table(report, cfg.max_len, pairs=cfg.pairs))
             note = split_note(report)
             if note is not None:
                 stderr.print(note, highlight=False, markup=False, soft_wrap=True)

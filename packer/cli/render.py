@@ -19,18 +19,21 @@ from rich.table import Table
 stderr = Console(stderr=True)
 
 
-def pack_table(report: dict, max_len: int) -> Table:
+def pack_table(report: dict, max_len: int, pairs: bool = False) -> Table:
+    """The pack report as a table; with `pairs` the counts are of pairs (two segments each), and a
+    pair is never split."""
+    unit = "pairs" if pairs else "samples"
     table = Table(
         title=f"packer pack → {report['output']}", show_header=False, title_justify="left"
     )
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     rows = [
-        ("samples in", f"{report['samples_in']:,}"),
-        ("samples packed", f"{report['samples_packed']:,}"),
+        (f"{unit} in", f"{report['samples_in']:,}"),
+        (f"{unit} packed", f"{report['samples_packed']:,}"),
         ("dropped", f"{report['dropped']:,}"),
         ("truncated", f"{report['truncated']:,}"),
-        ("split", _split(report)),
+        ("segments", f"{report['segments']:,}") if pairs else ("split", _split(report)),
         *(
             (f"rejected: {reason}", f"{count:,}")
             for reason, count in report.get("rejected_by_reason", {}).items()
