@@ -241,17 +241,3 @@ def test_the_library_resumes_and_counts(inputs, full, tmp_path):
     outputs_equal(full[0], out)
     with pytest.raises(packer.errors.UsageError, match="^resume=True picks up block runs"):
         packer.pack(inputs, tmp_path / "o2", PackConfig(max_len=256), resume=True)
-
-
-def test_resume_to_object_storage_is_refused_in_one_line(inputs):
-    r = subprocess.run(
-        [sys.executable, "-m", "packer.cli", "pack", str(inputs), "-o", "s3://bucket/packed"]
-        + [*ARGS, "--resume"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 2
-    assert r.stderr.splitlines() == [
-        "error: s3://bucket/packed: --resume picks up runs to a directory on a file system, "
-        "not yet to object storage"
-    ]

@@ -52,3 +52,71 @@ def test_ray_from_and_to_s3_gives_the_local_bytes(cli, cluster, s3, tmp_path):
     assert remote["stats"] == local["stats"]
     r = cli("verify", s3.url("packed"), "--input", s3.url("corpus/"), "--no-attention", "--json")
     assert r.exit_code == 0, r.output
+
+
+def test_a_killed_ray_driver_writing_to_s3_is_resumed_with_the_local_bytes(cluster, s3, tmp_path):
+    """SIGKILL the driver while Ray's block tasks upload to the store; --resume on Ray finds
+    the tasks' completion records beside the output and writes the local bytes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        pq.write_table(
+            to_table(make_samples(300, seed=i, median=50)),
+            data / f"p{i}.parquet",
+            row_group_size=40,
+        )
+        write_jsonl(data / f"j{i}.jsonl", make_samples(250, seed=10 + i, median=50))
+    args = ["-L", "256", "--overlength", "split", "--block-size", "8KiB", "--shard-rows", "20"]
+    root = str(Path(__file__).resolve().parent.parent)
+
+    def pack(out: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "packer", "pack", str(data), "-o", out, *args, *extra]
+
+    env = {**os.environ, "PYTHONPATH": root}
+    local = tmp_path / "local"
+    assert subprocess.run(pack(str(local)), env=env, capture_output=True).returncode == 0
+
+    def records() -> int:
+        return sum(k.split("/")[-1].startswith("done-") for k in s3.keys("packed/"))
+
+    on_ray = ("--engine", "ray", "--ray-address", cluster, "--json")
+    proc = subprocess.Popen(
+        pack(s3.url("packed"), *on_ray), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while records() < 30:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    seen, still = -1, 0
+    while still < 3:  # Ray ends the dead driver's tasks; wait until no record appears
+        time.sleep(1)
+        count = records()
+        still, seen = (still + 1, seen) if count == seen else (0, count)
+    assert "packed/manifest.json" not in s3.keys("packed/")
+    r = subprocess.run(
+        pack(s3.url("packed"), *on_ray, "--resume"), env=env, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert (report["tasks_reused"], report["tasks_run"]) == (seen, 87 + 15 - seen)
+    here = json.loads((local / "manifest.json").read_text())
+    remote = s3.manifest("packed")
+    assert [s3.get(f"packed/{s['file']}") for s in remote["shards"]] == [
+        (local / s["file"]).read_bytes() for s in here["shards"]
+    ]
+    assert remote["stats"] == here["stats"]
+    assert records() == 0

@@ -8,6 +8,7 @@ between workers (`tokens_moved` in the stats).
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -16,15 +17,8 @@ import pyarrow as pa
 
 from packer import hashing
 from packer.config import PackConfig
-from packer.pipelines import resume
-from packer.pipelines.block_task import (
-    BlockResult,
-    block_seed,
-    listed_file,
-    publish,
-    spill_path,
-    work_dir,
-)
+from packer.pipelines.block_task import BlockResult, block_seed, listed_file
+from packer.pipelines.run_files import spill_name
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan, plan
 from packer.read.samples import Samples, as_chunks
@@ -45,17 +39,29 @@ class TailTask:
     block_width: int = 5
 
 
-def write_tail(task: TailTask, cfg: PackConfig, tmp: str, workers: int) -> list[dict]:
-    """Gather the tail rows of one shard from the spill files and write the shard."""
+def write_tail(task: TailTask, cfg: PackConfig, place, workers: int) -> list[dict]:
+    """Gather the tail rows of one shard from the spill files and write the shard (`place`:
+    where the run's files are, `packer.pipelines.run_files`); then the task's record."""
     from packer.workers import configure
 
     configure(workers)
-    tmp_dir = Path(tmp)
+    place.enter()
+    spills = place.scratch(f"{tail_task_name(task)}-in")
+    try:
+        entries = _write_tail(task, cfg, place, workers, spills)
+    finally:
+        shutil.rmtree(spills, ignore_errors=True)
+    files = [listed_file(e) for e in entries]
+    place.save(tail_task_name(task), files, {"key": task_key(task), "shards": entries})
+    return entries
+
+
+def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Path) -> list[dict]:
     needed = np.unique(task.blocks)
     chunk_of = {int(b): k for k, b in enumerate(needed.tolist())}
     tok, lab, starts, tables = [], [], [0], []
     for b in needed.tolist():
-        path = spill_path(tmp_dir, b, task.block_width)
+        path = place.spill(spill_name(b, task.block_width), spills)
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_file(source).read_all()
         tables.append(table)
@@ -90,14 +96,14 @@ def write_tail(task: TailTask, cfg: PackConfig, tmp: str, workers: int) -> list[
     segs = Segments(seg_sample, seg_start, seg_len, seg_offset, 0, 0, 0, 0)
     pl = Plan(order=np.arange(n, dtype=np.int64), row_starts=task.row_starts)
     one = replace(cfg, shard_rows=max(1, pl.num_rows))
-    work = work_dir(tmp_dir, f"t{task.shard:0{task.width}d}")
+    work = place.scratch(tail_task_name(task))
     name = f"shard-t{task.shard:0{task.width}d}.arrow"
-    entries = write_shards(samples, segs, pl, one, work, workers=workers, names=lambda _: name)
-    publish(work, tmp_dir)
-    files = [listed_file(e) for e in entries]
-    resume.save_task(
-        tmp_dir, tail_task_name(task), files, {"key": task_key(task), "shards": entries}
-    )
+    try:
+        entries = write_shards(samples, segs, pl, one, work, workers=workers, names=lambda _: name)
+        place.publish(work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     return entries
 
 

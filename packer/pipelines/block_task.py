@@ -6,16 +6,17 @@ are full enough as shards straight into the output's temporary directory. The sa
 under-filled tail rows are spilled to a small file; only their lengths go back to the driver
 (`packer.pipelines.blocks`), with the block's `Stats` and length histogram.
 
-A task writes into a private work directory and renames its files into place, so a task retried
+A task writes into a private directory and publishes its files (renamed into the temporary
+output, or uploaded beside a remote output: `packer.pipelines.run_files`), so a task retried
 after its worker died writes the same bytes again.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import pyarrow as pa
 from packer.config import PackConfig
 from packer.pipelines import resume
 from packer.pipelines.result import Stats
+from packer.pipelines.run_files import spill_name
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, plan
 from packer.read.blocks import BlockSpec, block_samples
@@ -37,7 +39,6 @@ from packer.write.shards import segment_sources, write_shards
 # with every block's tails. 1/512 of L keeps the rows within 0.01 % of one global plan on the
 # benchmarks of docs/scale.md while moving a few percent of the tokens.
 TAIL_FREE = 512
-WORK = ".blocks"  # inside the temporary output: spill files and task work directories
 DECREASING = ("bfd", "ffd", "histogram")  # strategies that fill rows from the longest down
 
 
@@ -95,39 +96,29 @@ def _keep_rows(pl: Plan, keep: np.ndarray) -> Plan:
     return Plan(order=order, row_starts=starts)
 
 
-def work_dir(tmp: Path, name: str) -> Path:
-    """A task's private directory for the files it writes, before `publish`.
-
-    `WORK` is made by the driver: a task of a dead driver whose output was adopted by a resumed
-    run (`packer.pipelines.resume`, a rename) fails here instead of recreating the old path."""
-    work = tmp / WORK / f"work-{name}-{uuid.uuid4().hex[:8]}"
-    work.mkdir()
-    return work
-
-
-def publish(work: Path, dest: Path) -> None:
-    """Rename a task's finished files into place (idempotent: a retry writes the same bytes)."""
-    for entry in sorted(work.iterdir()):
-        os.replace(entry, dest / entry.name)
-    work.rmdir()
-
-
-def spill_path(tmp: Path, block: int, width: int) -> Path:
-    return tmp / WORK / f"tail-b{block:0{width}d}.arrow"
-
-
-def pack_block(spec: BlockSpec, cfg: PackConfig, tmp: str, workers: int) -> BlockResult:
-    """Stage 2 for one block: read, validate, resolve, plan, write full rows, spill tails;
-    then the block's completion record (`packer.pipelines.resume`)."""
+def pack_block(spec: BlockSpec, cfg: PackConfig, place, workers: int) -> BlockResult:
+    """Stage 2 for one block: read, validate, resolve, plan, write full rows, spill tails into
+    a private directory, publish them (`place`: `packer.pipelines.run_files`), then the block's
+    completion record."""
     from packer.workers import configure
 
     configure(workers)
-    tmp_dir = Path(tmp)
-    result = _pack_block(spec, cfg, tmp_dir, workers)
-    files = [listed_file(s) for s in result.shards]
-    if result.tail_lengths.size:
-        files.append(resume.file_entry(spill_path(tmp_dir, spec.block, spec.width), cfg.hash))
-    resume.save_task(tmp_dir, block_task_name(spec), files, encode_block(result))
+    place.enter()
+    work = place.scratch(block_task_name(spec))
+    try:
+        result = _pack_block(spec, cfg, work, workers)
+        files = [listed_file(s) for s in result.shards]
+        spill = work / spill_name(spec.block, spec.width)
+        if result.tail_lengths.size:
+            files.append(resume.file_entry(spill, cfg.hash))
+        else:
+            spill.unlink(missing_ok=True)  # nothing spilled: nothing for a tail task to read
+        _fault_point()
+        place.publish(work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    place.save(block_task_name(spec), files, encode_block(result))
     return result
 
 
@@ -173,7 +164,7 @@ def decode_block(d: dict) -> BlockResult:
     )
 
 
-def _pack_block(spec: BlockSpec, cfg: PackConfig, tmp_dir: Path, workers: int) -> BlockResult:
+def _pack_block(spec: BlockSpec, cfg: PackConfig, work: Path, workers: int) -> BlockResult:
     t0 = time.perf_counter()
     rejects = Rejects() if cfg.on_error == "skip" else None
     samples, src = block_samples(spec, cfg, rejects)
@@ -211,7 +202,7 @@ def _pack_block(spec: BlockSpec, cfg: PackConfig, tmp_dir: Path, workers: int) -
     tail = tail_rows(pl, segs.length, cfg)
     full = _keep_rows(pl, ~tail)
     tails = _keep_rows(pl, tail)
-    shards, spill = _write_block(spec, samples, segs, full, tails, cfg, tmp_dir, workers)
+    shards, spill = _write_block(spec, samples, segs, full, tails, cfg, work, workers)
     lengths, counts = np.unique(segs.length, return_counts=True)
     return BlockResult(
         **common,
@@ -252,12 +243,9 @@ def _block_stats(spec, samples, segs, full, shards, spill, rejects, cfg: PackCon
     )
 
 
-def _write_block(spec: BlockSpec, samples, segs, full: Plan, tails: Plan, cfg, tmp_dir, workers):
-    """Write the full rows as shards and spill the tail rows' segments: (shards, tail lengths).
-
-    The files appear in the temporary output (spill files under `WORK`) only once all are
-    written."""
-    work = work_dir(tmp_dir, f"b{spec.block:0{spec.width}d}")
+def _write_block(spec: BlockSpec, samples, segs, full: Plan, tails: Plan, cfg, work, workers):
+    """Write the full rows as shards and spill the tail rows' segments into `work`:
+    (shards, tail lengths)."""
     n_shards = -(-full.num_rows // cfg.rows_per_shard())
     digits = max(3, len(str(max(n_shards - 1, 0))))
     prefix = f"shard-b{spec.block:0{spec.width}d}"
@@ -270,14 +258,7 @@ def _write_block(spec: BlockSpec, samples, segs, full: Plan, tails: Plan, cfg, t
         workers=workers,
         names=lambda i: f"{prefix}-{i:0{digits}d}.arrow",
     )
-    spill = _spill(
-        samples, segs, tails.order, work / spill_path(tmp_dir, spec.block, spec.width).name
-    )
-    _fault_point()
-    for entry in sorted(work.iterdir()):
-        dest = tmp_dir / WORK if entry.name.startswith("tail-") else tmp_dir
-        os.replace(entry, dest / entry.name)
-    work.rmdir()
+    spill = _spill(samples, segs, tails.order, work / spill_name(spec.block, spec.width))
     return shards, spill
 
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 import shutil
 import time
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,13 +39,13 @@ from packer.pipelines import resume
 from packer.pipelines.block_tail import tail_task_name, tail_tasks, task_key, write_tail
 from packer.pipelines.block_task import (
     DECREASING,
-    WORK,
     BlockResult,
     block_task_name,
     decode_block,
     pack_block,
 )
 from packer.pipelines.result import PackResult, Stats
+from packer.pipelines.run_files import WORK, LocalRun, open_store
 from packer.planning import kernels as algorithms
 from packer.planning.strategies import martello_toth_bound
 from packer.read.assemble import counts_text
@@ -70,11 +72,14 @@ def pack_blocks(
     budget: int,
     t0: float,
     resume_run: bool = False,
+    remote=None,
 ) -> PackResult:
     """Run the block pipeline on `engine` (opened by the caller); the atomic commit stays here.
 
     resume_run: adopt a dead run's temporary output and keep the tasks it finished
-    (`packer.pipelines.resume`)."""
+    (`packer.pipelines.resume`). remote: the output on a store (`packer.write.remote`): the
+    tasks upload their files beside it and the driver builds only the manifest and the small
+    files in `out`, for `remote.commit` (`packer.pipelines.run_files`)."""
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
     t = time.perf_counter()
@@ -82,12 +87,17 @@ def pack_blocks(
     scans, specs = _scan(engine, files, cfg, budget)
     timings["scan"] = time.perf_counter() - t
     key = resume.run_key(cfg, scans)
-    tmp = resume.open_work(out, key, resume_run)
-    with output.building(tmp, out):
-        resume.start_run(tmp, key)
+    if remote is None:
+        tmp = resume.open_work(out, key, resume_run)
+        place = LocalRun(str(tmp))
+    else:
+        place = open_store(remote, key, resume_run)
+        tmp = output.start(out)
+    with output.building(tmp, out), _discarded_on_failure(remote):
+        place.start(key)
         t = time.perf_counter()
         worker_cpus = engine.task_workers(workers)
-        results, reused = _run_blocks(engine, specs, cfg, tmp, worker_cpus, budget, progress)
+        results, reused = _run_blocks(engine, specs, cfg, place, worker_cpus, budget, progress)
         timings["blocks"] = time.perf_counter() - t
         t = time.perf_counter()
         if progress:
@@ -98,7 +108,7 @@ def pack_blocks(
         tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)
         if progress:
             progress("plan", 1, 1)
-        tail_entries, tails_reused = _run_tails(engine, tasks, cfg, tmp, worker_cpus)
+        tail_entries, tails_reused = _run_tails(engine, tasks, cfg, place, worker_cpus)
         timings["tails"] = time.perf_counter() - t
         t = time.perf_counter()
         tail_shards = [e for es in tail_entries for e in es]
@@ -118,6 +128,8 @@ def pack_blocks(
             global_rows=_global_rows(hist, cfg),
         ).as_dict()
         sources = _sources_of(scans, specs, results, has_labels)
+        if remote is not None:
+            remote.on_store.update(s["file"] for s in shards)
         _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite)
         timings["commit"] = time.perf_counter() - t
     seconds = [r.seconds for r in results]
@@ -153,13 +165,27 @@ def _scan(engine: Engine, files: list[Path], cfg: PackConfig, budget: int):
     return scans, specs
 
 
+@contextmanager
+def _discarded_on_failure(remote) -> Iterator[None]:
+    """A run that fails (not a kill) leaves nothing on a store, as locally."""
+    try:
+        yield
+    except BaseException:
+        if remote is not None:
+            remote.delete_run()
+        raise
+
+
 def _run_blocks(
-    engine: Engine, specs, cfg: PackConfig, tmp: Path, worker_cpus: int, budget: int, progress
+    engine: Engine, specs, cfg: PackConfig, place, worker_cpus: int, budget: int, progress
 ) -> tuple[list[BlockResult], int]:
     """Stage 2: one `pack_block` task per block without a sound completion record, reporting
     the bytes read as blocks finish: (every block's result, how many were kept)."""
     total_bytes = sum(s.nbytes for s in specs) or 1
-    results: list[BlockResult | None] = [_kept_block(tmp, s) for s in specs]
+    records = place.kept([block_task_name(s) for s in specs])
+    results: list[BlockResult | None] = [
+        _kept_block(records.get(block_task_name(s)), s) for s in specs
+    ]
     todo = [k for k, r in enumerate(results) if r is None]
     done = [sum(s.nbytes for s, r in zip(specs, results) if r is not None)]
 
@@ -172,7 +198,7 @@ def _run_blocks(
         progress("read", done[0], total_bytes)
     ran = engine.map(
         pack_block,
-        [(specs[k], cfg, str(tmp), worker_cpus) for k in todo],
+        [(specs[k], cfg, place, worker_cpus) for k in todo],
         on_done=on_block,
         memory=block_memory(specs, budget, cfg.max_len),
     )
@@ -181,9 +207,8 @@ def _run_blocks(
     return results, len(specs) - len(todo)
 
 
-def _kept_block(tmp: Path, spec: BlockSpec) -> BlockResult | None:
+def _kept_block(record: dict | None, spec: BlockSpec) -> BlockResult | None:
     """A block's result from its completion record, or None when it must run."""
-    record = resume.load_task(tmp, block_task_name(spec), {"tail-": tmp / WORK})
     if record is None or record.get("block") != spec.block or record.get("version") != __version__:
         return None
     try:
@@ -192,16 +217,17 @@ def _kept_block(tmp: Path, spec: BlockSpec) -> BlockResult | None:
         return None
 
 
-def _run_tails(engine: Engine, tasks, cfg: PackConfig, tmp: Path, worker_cpus: int):
+def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int):
     """Stage 3: one `write_tail` task per tail shard without a sound completion record:
     (every task's shard entries, how many were kept)."""
     entries: list[list[dict] | None] = []
+    records = place.kept([tail_task_name(task) for task in tasks])
     for task in tasks:
-        record = resume.load_task(tmp, tail_task_name(task), {})
+        record = records.get(tail_task_name(task))
         keep = record is not None and record.get("key") == task_key(task)
         entries.append(record["shards"] if keep else None)
     todo = [k for k, e in enumerate(entries) if e is None]
-    ran = engine.map(write_tail, [(tasks[k], cfg, str(tmp), worker_cpus) for k in todo])
+    ran = engine.map(write_tail, [(tasks[k], cfg, place, worker_cpus) for k in todo])
     for k, e in zip(todo, ran):
         entries[k] = e
     return entries, len(tasks) - len(todo)

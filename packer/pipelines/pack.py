@@ -94,23 +94,23 @@ def pack(
         and parse_url(output_dir).protocol != "file"
     ):
         if resume:
-            raise UsageError(
-                f"{option('resume=True', '--resume')} picks up runs to a directory on a file "
-                "system, not yet to object storage",
-                where=output_dir,
-            )
-        remote = RemoteOutput(output_dir, overwrite)
+            _check_resume(blocks and not repack and not cfg.pairs)
+        remote = RemoteOutput(output_dir, overwrite or resume)  # resume: refused below
+        if resume and remote.previous is not None and not overwrite:
+            raise _complete(remote.shown)
         out, overwrite = remote.local, False
     elif isinstance(output_dir, str) and is_url(output_dir):
         out = Path(parse_url(output_dir).path)
-    if resume:
-        _check_resume(out, overwrite, blocks and not repack and not cfg.pairs)
+    if resume and remote is None:
+        _check_resume(blocks and not repack and not cfg.pairs)
+        if not overwrite and (out / MANIFEST).is_file():
+            raise _complete(str(out))
     output.check_target(out, overwrite)
     skip = str(remote.url) if remote else out
     run_args = (inputs, out, cfg, overwrite, progress, workers, memory_budget, out_of_core)
     try:
         with reporting(progress), named_errors():
-            result = _run(*run_args, repack, resume, t0, skip)
+            result = _run(*run_args, repack, resume, t0, skip, remote)
             if remote is not None:
                 remote.commit()
                 result.output = output_dir
@@ -134,8 +134,10 @@ def _run(
     resume,
     t0,
     skip,
+    remote,
 ):
-    """The run on a local output directory (a remote output's local build directory)."""
+    """The run on a local output directory (a remote output's local build directory; block
+    runs upload their shards beside `remote` from their tasks)."""
     blocks = cfg.block_size is not None or cfg.engine != "local"
     if repack and blocks:
         raise UsageError(
@@ -170,7 +172,9 @@ def _run(
 
         budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
         with open_engine(cfg.engine, cfg.ray_address, workers) as tasks:
-            result = pack_blocks(tasks, inputs, out, cfg, budget=budget, resume_run=resume, **run)
+            result = pack_blocks(
+                tasks, inputs, out, cfg, budget=budget, resume_run=resume, remote=remote, **run
+            )
         result.seconds = time.perf_counter() - t0  # the engine's shutdown included
     else:
         result = pack_one_plan(
@@ -180,18 +184,20 @@ def _run(
     return result
 
 
-def _check_resume(out: Path, overwrite: bool, blocks: bool) -> None:
-    """`resume` is for block runs, and for an output that is not complete yet."""
-    flag = option("resume=True", "--resume")
+def _check_resume(blocks: bool) -> None:
+    """`resume` is for block runs."""
     if not blocks:
         raise UsageError(
-            f"{flag} picks up block runs: pass {option('block_size')} or "
-            f"{option('engine')} ray (not with {option('repack=True', '--repack')} or "
-            f"{option('pairs')})"
+            f"{option('resume=True', '--resume')} picks up block runs: pass "
+            f"{option('block_size')} or {option('engine')} ray (not with "
+            f"{option('repack=True', '--repack')} or {option('pairs')})"
         )
-    if not overwrite and (out / MANIFEST).is_file():
-        raise UsageError(
-            f"the output is complete (it has {MANIFEST}): nothing to resume; pass "
-            f"{option('overwrite=True', '--overwrite')} to pack it again",
-            where=str(out),
-        )
+
+
+def _complete(where: str) -> UsageError:
+    """`resume` on an output that is complete already."""
+    return UsageError(
+        f"the output is complete (it has {MANIFEST}): nothing to resume; pass "
+        f"{option('overwrite=True', '--overwrite')} to pack it again",
+        where=where,
+    )

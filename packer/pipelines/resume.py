@@ -25,7 +25,7 @@ import os
 import uuid
 from pathlib import Path
 
-from packer import hashing
+from packer import hashing, storage
 from packer.config import PackConfig
 from packer.contract.names import TMP_MARK
 from packer.errors import OutputError, UsageError, option
@@ -86,14 +86,16 @@ def intact(base: Path, files: list[dict]) -> bool:
     return True
 
 
-def input_identity(path: str) -> dict:
-    """What says an input is unchanged: its name, size and modification time. A remote input's
-    staged copy (`packer.read.remote`) is named by its URL, and its copy's time means nothing:
-    its size and the sampled fingerprint of its content stand for it."""
-    st = os.stat(path)
+def input_identity(path: str, size: int) -> dict:
+    """What says an input is unchanged: its name, size and modification time. A remote input
+    (or its staged copy, `packer.read.remote`) is named by its URL; its ETag (S3), size and the
+    sampled fingerprint of its content stand for it."""
     shown = names.display(path)
-    if shown != path:
-        return {"path": shown, "size": st.st_size, "mtime_ns": None}
+    if storage.is_url(shown):
+        url = storage.parse_url(shown)
+        etag = storage.store_for(url).etag(url.path)
+        return {"path": shown, "size": size, "mtime_ns": None, "etag": etag}
+    st = os.stat(path)
     return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
@@ -137,7 +139,8 @@ def run_key(cfg: PackConfig, scans) -> dict:
         "packer": __version__,
         "config": cfg.to_dict(),
         "inputs": [
-            {**input_identity(scan.path), "fingerprint": scan.fingerprint} for scan in scans
+            {**input_identity(scan.path, scan.size), "fingerprint": scan.fingerprint}
+            for scan in scans
         ],
     }
 
@@ -188,11 +191,7 @@ def open_work(out: Path, key: dict, resume: bool) -> Path:
                 continue
             what = changed(old, key)
             if what:
-                raise UsageError(
-                    f"cannot resume: {what} since the killed run; rerun without "
-                    f"{option('resume=True', '--resume')} to pack from the start",
-                    where=str(out),
-                )
+                raise refusal(what, str(out))
             mine = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
             try:
                 os.rename(dead, mine)
@@ -211,6 +210,15 @@ def open_work(out: Path, key: dict, resume: bool) -> Path:
     return adopted
 
 
+def refusal(what: str, where: str) -> UsageError:
+    """The one line refusing a resume: what changed since the killed run."""
+    return UsageError(
+        f"cannot resume: {what} since the killed run; rerun without "
+        f"{option('resume=True', '--resume')} to pack from the start",
+        where=where,
+    )
+
+
 def changed(old: dict, new: dict) -> str | None:
     """What differs between the killed run's key and this one's, in words; None when alike."""
     if old.get("packer") != new["packer"]:
@@ -227,6 +235,8 @@ def changed(old: dict, new: dict) -> str | None:
         before = old_inputs[path]
         if before.get("size") != now["size"]:
             return f"the input {path} changed (size {before.get('size')} -> {now['size']})"
+        if before.get("etag") != now.get("etag"):
+            return f"the input {path} changed (ETag {before.get('etag')} -> {now.get('etag')})"
         if before.get("mtime_ns") != now["mtime_ns"] or before.get("fingerprint") != now.get(
             "fingerprint"
         ):

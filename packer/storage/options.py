@@ -7,11 +7,14 @@ options given here are kept in this process only: never printed, never written a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 
 from packer.errors import UsageError, option
 
 _OPTIONS: dict[str, str] = {}
+# the environment variables that configure the stores (credentials, endpoints, retries)
+ENV_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "HF_", "PACKER_STORAGE_")
 
 
 def set_options(options: Mapping[str, str] | None) -> None:
@@ -37,3 +40,22 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, str]:
             raise UsageError(f"--storage-option number {i} is not KEY=VALUE")
         out[key.strip()] = value
     return out
+
+
+def carried() -> dict:
+    """This process's store settings (the options given by hand and the stores' environment
+    variables), for tasks that reach the stores from other processes or nodes: kept in memory
+    and handed to `carry_in` there, never printed or written to a file."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}
+    return {"options": dict(_OPTIONS), "env": env}
+
+
+def carry_in(settings: dict) -> None:
+    """Use the store settings of the driver (`carried`) in this process."""
+    env = settings.get("env", {})
+    if env != {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}:
+        for name in [k for k in os.environ if k.startswith(ENV_PREFIXES)]:
+            del os.environ[name]
+        os.environ.update(env)
+    if settings.get("options", {}) != _OPTIONS:
+        set_options(settings.get("options", {}))

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 
 from packer.errors import UsageError
 from packer.storage.failures import one_line, retrying
+from packer.storage.options import ENV_PREFIXES as _ENV_PREFIXES
 from packer.storage.options import storage_options
 from packer.storage.urls import Url, redact
 
@@ -141,6 +142,10 @@ class Store:
         data = self.read_bytes(path)
         return None if data is None else str(hash(data))
 
+    def etag(self, path: str) -> str | None:
+        """The object's entity tag where the store gives one cheaply (S3), else None."""
+        return None
+
     def create(self, path: str, data: bytes) -> bool:
         """Write `path` only if absent; False when it exists. Not atomic on a plain file
         system without conditional writes (checked, then written)."""
@@ -155,6 +160,11 @@ class Store:
             return False
         self._write(path, data)
         return True
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write a small object whole (a completion record): on S3 one PUT, which leaves the
+        object whole or absent; elsewhere a torn write is possible and its reader checks it."""
+        self._write(path, data)
 
     def _write(self, path: str, data: bytes) -> None:
         def write():
@@ -210,8 +220,14 @@ class S3Store(Store):
 
         return retrying(head, self.where(path))
 
+    def etag(self, path: str) -> str | None:
+        return self.version(path)
+
     def create(self, path: str, data: bytes) -> bool:
         return self._put(path, data, IfNoneMatch="*")
+
+    def put(self, path: str, data: bytes) -> None:
+        self._put(path, data)
 
     def replace(self, path: str, data: bytes, version: str) -> bool:
         return self._put(path, data, IfMatch=version)
@@ -307,7 +323,6 @@ def _fsspec(protocol: str, options: dict[str, str]) -> Store:
     return Store(pafs.PyFileSystem(pafs.FSSpecHandler(fs)), protocol)
 
 
-_ENV_PREFIXES = ("AWS_", "GOOGLE_", "GCS_", "HF_", "PACKER_STORAGE_")
 _EXTRA = {"s3": "s3", "gs": "gcs", "gcs": "gcs", "hf": "hf"}
 
 # --storage-option names for S3, in boto3's spelling, and pyarrow's name for each

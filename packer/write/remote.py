@@ -47,6 +47,7 @@ class RemoteOutput:
         self.run = new_run_id()
         self.previous: dict | None = None
         self.version: str | None = None
+        self.on_store: set[str] = set()  # files the run's tasks uploaded themselves (local names)
         self._check(overwrite)
         self.work = Path(tempfile.mkdtemp(prefix="packer-out-"))
         self.local = self.work / "output"
@@ -82,6 +83,8 @@ class RemoteOutput:
         uploaded: list[str] = []
         try:
             for name, stored in names.items():
+                if name in self.on_store:
+                    continue
                 path = self.url.child(stored).path
                 source = self.local / name
                 uploaded.append(path)
@@ -102,6 +105,7 @@ class RemoteOutput:
                 )
         except BaseException:
             self.store.delete(uploaded)
+            self.delete_run()
             raise
         finally:
             self.discard()
@@ -114,6 +118,22 @@ class RemoteOutput:
             and e.path.rsplit("/", 1)[0] == self.url.path
         ]
         self.store.delete(stale)
+
+    def delete_run(self) -> None:
+        """Every file of this run on the store, except what a manifest committed meanwhile lists
+        (a resumed run shares its id with the killed one, which may have committed after all)."""
+        mark = f".{self.run}."
+        try:
+            found = read_remote_manifest(self.url)
+        except Exception:  # noqa: BLE001 - cleaning up never hides the real error
+            return
+        keep = set(listed_files(found[0])) if found else set()
+        mine = [
+            e.path
+            for e in self.store.walk(self.url.path)
+            if mark in _name(e.path) and _name(e.path) not in keep
+        ]
+        self.store.delete(mine)
 
 
 def _name(path: str) -> str:
