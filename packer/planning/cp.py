@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from packer.planning.strategies import lower_bound
-
 
 def cp_multiple(cp_size: int) -> int:
     """What every segment's padded length is a multiple of (1 when CP is off)."""
@@ -30,6 +28,9 @@ def padded_lengths(lengths: np.ndarray, cp_size: int) -> np.ndarray:
 def cp_cost(lengths: np.ndarray, max_len: int, cp_size: int) -> dict:
     """The padding CP adds to these segment lengths, before any packing: tokens, padded tokens,
     the pad share, and the lower bound on rows with and without it."""
+    # imported here: the strategies load numba, and packer.torch imports this module's zigzag_index
+    from packer.planning.strategies import lower_bound
+
     lengths = np.asarray(lengths, np.int64)
     padded = padded_lengths(lengths, cp_size)
     tokens, padded_tokens = int(lengths.sum()), int(padded.sum())

@@ -9,7 +9,8 @@ Inside it, `import torch` is an absolute import and resolves to PyTorch, not to 
     sampler = PackedBatchSampler(ds, batch_size=4, seed=0)
     loader = DataLoader(ds, batch_sampler=sampler, collate_fn=collate_packed)
 
-See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer,
+For context parallelism, `cp_shard(batch, cp_rank, cp_size)` gives one CP rank's share of a
+flattened batch (docs/context-parallel.md). See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer,
 TRL) and `check_isolation`, which proves a model and its training call keep the samples apart.
 """
 
@@ -23,6 +24,7 @@ except ImportError as exc:  # the core install: say which extra brings torch
 
 from packer.contract.schema import CONTRACT_COLUMNS
 from packer.torch.collate import MODES, block_causal_mask, collate_packed, model_inputs
+from packer.torch.cp_shard import cp_shard, shifted_labels
 from packer.torch.data import PackedDataset, load_hf_dataset
 from packer.torch.isolation import IsolationError, IsolationReport, check_isolation
 from packer.torch.loss import step_loss_tokens, sum_token_loss
@@ -49,6 +51,7 @@ __all__ = [
     "check_isolation",
     "collate_packed",
     "collate_pairs",
+    "cp_shard",
     "dpo_loss",
     "last_token_scores",
     "load_hf_dataset",
@@ -57,6 +60,7 @@ __all__ = [
     "plan_batches",
     "reward_loss",
     "segment_logps",
+    "shifted_labels",
     "step_loss_tokens",
     "sum_token_loss",
 ]

@@ -17,6 +17,13 @@ Two layouts:
   use `flatten` with flash attention.
 
 Both add `num_loss_tokens`: the labels that count in this batch (sum of the rows' column).
+
+Rows of a CP output (`pack --cp-size N`, which carry `cu_seqlens_padded`) collate with
+`flatten` only: every sample keeps its CP padding, so the batch is the THD layout that
+`cp_shard` splits across CP ranks. `cu_seq_lens_q/k` and `max_length_q/k` are then the padded
+boundaries (a varlen kernel without CP sees each sample followed by its padding, which no real
+token attends to under causal attention), and the batch adds `cu_seqlens` (the cumulative real
+lengths) and `cu_seqlens_padded` (the same tensor as `cu_seq_lens_q`), both int32.
 `model_inputs(batch)` drops it (and other non-model keys) and adds `use_cache=False`: with a
 cache (the default of most configs, `LlamaConfig` included) transformers skips its detection
 of packed samples in `position_ids`, and the samples of a row silently attend to each other.
@@ -55,20 +62,25 @@ def _real_segments(row: dict) -> int:
 
 
 def _flatten(rows: Sequence[dict]) -> dict:
-    ids, labels, pos, cu = [], [], [], [np.zeros(1, np.int64)]
-    total = 0
+    cp = "cu_seqlens_padded" in rows[0]
+    ids, labels, pos, cu, real = [], [], [], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
+    total = total_real = 0
     for row in rows:
         segs = _real_segments(row)
         row_cu = np.asarray(row["cu_seqlens"], np.int64)
-        n = int(row_cu[segs])  # drops stored padding, if any
+        # a CP row's segments lie at its padded boundaries; its real lengths are `cu_seqlens`
+        row_bounds = np.asarray(row["cu_seqlens_padded"], np.int64) if cp else row_cu
+        n = int(row_bounds[segs])  # drops stored padding, if any
         ids.append(row["input_ids"][:n])
         labels.append(row["labels"][:n])
         pos.append(row["position_ids"][:n])
-        cu.append(row_cu[1 : segs + 1] + total)
+        cu.append(row_bounds[1 : segs + 1] + total)
+        real.append(row_cu[1 : segs + 1] + total_real)
         total += n
+        total_real += int(row_cu[segs])
     cu_seqlens = torch.from_numpy(np.concatenate(cu).astype(np.int32))
     max_length = int(torch.diff(cu_seqlens).max()) if len(cu_seqlens) > 1 else 0
-    return {
+    batch = {
         "input_ids": torch.from_numpy(np.concatenate(ids).astype(np.int64))[None],
         "labels": torch.from_numpy(np.concatenate(labels).astype(np.int64))[None],
         "position_ids": torch.from_numpy(np.concatenate(pos).astype(np.int64))[None],
@@ -77,6 +89,10 @@ def _flatten(rows: Sequence[dict]) -> dict:
         "max_length_q": max_length,
         "max_length_k": max_length,
     }
+    if cp:
+        batch["cu_seqlens"] = torch.from_numpy(np.concatenate(real).astype(np.int32))
+        batch["cu_seqlens_padded"] = cu_seqlens
+    return batch
 
 
 def _pad(rows: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None) -> dict:
@@ -140,6 +156,17 @@ def collate_packed(
         raise KeyError(
             f"packed rows lack {', '.join(missing)}; with a Hugging Face Trainer, set "
             "remove_unused_columns=False so the collator sees every column"
+        )
+    cp_rows = ["cu_seqlens_padded" in r for r in rows]
+    if any(cp_rows) and not all(cp_rows):
+        raise ValueError(
+            "rows: some come from a CP output (with cu_seqlens_padded) and some do not; "
+            "collate rows of one output"
+        )
+    if mode == "pad" and cp_rows[0]:
+        raise ValueError(
+            "mode: rows of a CP output (with cu_seqlens_padded) collate with mode='flatten', "
+            "the THD layout that context parallelism splits"
         )
     if mode == "pad" and pad_to_multiple_of is not None and pad_to_multiple_of < 1:
         raise ValueError(f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}")

@@ -17,7 +17,7 @@ import torch.utils.data
 
 from packer.contract.names import MANIFEST
 from packer.contract.remote import local_copy
-from packer.contract.schema import LIST_COLUMNS
+from packer.contract.schema import CP_COLUMNS, LIST_COLUMNS
 from packer.storage import is_url
 
 
@@ -32,7 +32,9 @@ class _Batch:
 
 def _views(batch: pa.RecordBatch, first_row: int) -> _Batch:
     lists = {}
-    for name in LIST_COLUMNS:
+    # a CP output (`pack --cp-size`) also has `cu_seqlens_padded`, which CP training needs
+    cp = [name for name in CP_COLUMNS if name in batch.schema.names]
+    for name in (*LIST_COLUMNS, *cp):
         col = batch.column(name)
         # `offsets` honours the array's own slice offset and indexes into the whole `values`
         lists[name] = (
@@ -48,7 +50,8 @@ class PackedDataset(torch.utils.data.Dataset):
 
     `ds[i]` is a dict with every column of the output contract: the list columns as read-only
     numpy views (`input_ids`, `labels`, `position_ids`, `cu_seqlens` int32; `sample_index` int64;
-    `sample_offset` int32) and `num_loss_tokens` as an int. Safe to pass to DataLoader workers:
+    `sample_offset` int32) and `num_loss_tokens` as an int; rows of a CP output (`pack
+    --cp-size`) add `cu_seqlens_padded` (int32). Safe to pass to DataLoader workers:
     the memory maps are reopened in each process.
     """
 
