@@ -76,7 +76,7 @@ def plan_command(
         "--pairs",
         help="The inputs are preference pairs (as `packer pack --pairs`): plan each pair as one "
         "item of its packed length, prompt twice plus both completions; --overlength drop or "
-        "truncate applies to whole pairs.",
+        "truncate applies to whole pairs. [default: off]",
     ),
     prompt_column: str = typer.Option(
         "prompt_input_ids", "--prompt-column", help="With --pairs: the prompt's token ids."
