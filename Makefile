@@ -41,6 +41,7 @@ bench: setup
 	$(BIN)/python scripts/bench_startup.py --runs 5
 	$(BIN)/python scripts/bench_api.py --runs 3
 	$(BIN)/python scripts/bench_balance.py
+	$(BIN)/python scripts/bench_cp.py --repeats 5
 	$(BIN)/python scripts/bench_ray.py --runs 3
 	$(BIN)/python scripts/bench_pairs.py --pairs 10000 -L 4096 --batch 4 8 16
 
