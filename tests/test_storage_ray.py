@@ -13,7 +13,9 @@ pytest.importorskip("moto")
 pytestmark = pytest.mark.xdist_group("ray")  # one cluster per test process: keep them together
 
 
-def test_ray_from_and_to_s3_gives_the_local_bytes(cli, cluster, s3, tmp_path):
+def test_ray_from_and_to_s3_gives_the_local_bytes(cli, cluster, s3, tmp_path, monkeypatch):
+    """The tasks read their blocks from the store and upload their shards themselves: nothing
+    is staged, so nodes that share nothing but the store could run them."""
     import pyarrow.parquet as pq
 
     data = tmp_path / "data"
@@ -29,6 +31,8 @@ def test_ray_from_and_to_s3_gives_the_local_bytes(cli, cluster, s3, tmp_path):
     args = ["-L", "256", "--overlength", "split", "--block-size", "24KiB", "--json"]
     r = cli("pack", data, "-o", tmp_path / "local", *args)
     assert r.exit_code == 0, r.output
+    stage = tmp_path / "stage"
+    monkeypatch.setenv("PACKER_STAGE_DIR", str(stage))  # the tasks get it too (PACKER_*)
     r = cli(
         "pack",
         s3.url("corpus/"),
@@ -43,6 +47,7 @@ def test_ray_from_and_to_s3_gives_the_local_bytes(cli, cluster, s3, tmp_path):
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     assert report["engine"] == "ray" and report["blocks"] > 10
+    assert not stage.exists() or list(stage.iterdir()) == []
 
     local = json.loads((tmp_path / "local" / "manifest.json").read_text())
     remote = s3.manifest("packed")

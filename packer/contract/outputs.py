@@ -37,13 +37,20 @@ def is_work_dir(directory: Path) -> bool:
     return name.startswith(".") and any(mark in name for mark in WORK_MARKS)
 
 
-def has_contract_schema(path: Path, fmt: str) -> bool:
+def has_contract_schema(path: Path | str, fmt: str) -> bool:
     """Whether a Parquet or Arrow file has the packed-row columns (read from its schema only)."""
+    if isinstance(path, str):  # a remote input, read in place (`packer.storage.files`)
+        from packer.storage.files import open_random
+
+        opened = open_random
+    else:
+        opened = lambda p: pa.memory_map(str(p))  # noqa: E731
     try:
         if fmt == "parquet":
-            names = pq.read_schema(path).names
+            with opened(path) as source:
+                names = pq.read_schema(source).names
         elif fmt == "arrow":
-            with pa.memory_map(str(path)) as source:
+            with opened(path) as source:
                 try:
                     names = pa.ipc.open_file(source).schema.names
                 except pa.ArrowInvalid:

@@ -51,6 +51,7 @@ from packer.planning.strategies import martello_toth_bound
 from packer.read.assemble import counts_text
 from packer.read.blocks import BlockSpec, FileScan, scan_file
 from packer.read.samples import Rejects, SourceFile
+from packer.storage.options import carried, carry_in
 from packer.version import __version__
 from packer.write import commit as output
 from packer.write.manifest import build_manifest, write_rejects, write_split_labels
@@ -151,8 +152,9 @@ def _scan(engine: Engine, files: list[Path], cfg: PackConfig, budget: int):
     """Stage 1: (the scan of every file, the blocks numbered in input order)."""
     labels_column = cfg.labels_column or None
     columns = [cfg.input_column] + ([labels_column] if labels_column else [])
+    settings = carried()
     scans = engine.map(
-        scan_file, [(i, str(p), cfg.block_size, columns) for i, p in enumerate(files)]
+        scan_task, [(settings, i, str(p), cfg.block_size, columns) for i, p in enumerate(files)]
     )
     for scan in scans:
         if scan.version != __version__:
@@ -253,6 +255,13 @@ def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects,
         split_labels=split_labels,
     )
     output.finish(tmp, out, manifest, overwrite)
+
+
+def scan_task(settings: dict, *args) -> FileScan:
+    """Stage 1 for one file, with the driver's store settings (a remote input is read in
+    place by the task, on whichever node it runs)."""
+    carry_in(settings)
+    return scan_file(*args)
 
 
 def plan_blocks(scans: list[FileScan]) -> list[BlockSpec]:

@@ -161,7 +161,9 @@ def _run(
         return pack_repack(inputs, out, cfg, **run)
 
     skipped: list[Path] = []
-    inputs = expand_inputs(inputs, skip=skip, skipped=skipped)
+    # block runs read remote inputs in place, each task its own block; other runs stage them
+    stage = not blocks or bool(cfg.pairs)
+    inputs = expand_inputs(inputs, skip=skip, skipped=skipped, stage=stage)
     if cfg.pairs:
         from packer.pipelines.pairs import pack_pairs
 

@@ -49,9 +49,12 @@ class LocalRun:
     """The run's temporary output on a file system every task sees (`packer.write.commit`)."""
 
     tmp: str
+    settings: dict = field(default_factory=carried, repr=False)  # for inputs read in place
 
     def enter(self) -> None:
-        """Called first in every task (a store run brings the driver's store settings)."""
+        """Called first in every task: the driver's store settings, for the remote inputs a
+        task reads and the files it uploads."""
+        carry_in(self.settings)
 
     def scratch(self, name: str) -> Path:
         """A task's private directory for the files it writes, before `publish`.

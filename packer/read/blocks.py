@@ -37,6 +37,8 @@ from packer.read.formats import (
 from packer.read.progress import open_input
 from packer.read.samples import Rejects, Samples, SourceFile
 from packer.read.validate import validate
+from packer.storage import files
+from packer.storage.urls import is_url
 from packer.version import __version__
 
 _SCAN_CHUNK = 16 << 20
@@ -72,17 +74,25 @@ class FileScan:
 
 
 def scan_file(index: int, path: str, block_size: int, columns: list[str]) -> FileScan:
-    """Cut one input file into blocks and count their samples."""
-    p = Path(path)
-    fmt, compression = detect_format(p)
-    size = p.stat().st_size
+    """Cut one input file (a path, or a URL read in place) into blocks and count their samples."""
+    p = path if is_url(path) else Path(path)
+    fmt, compression = detect_format(Path(path))
+    try:
+        size = files.size(str(p))
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc}", where=str(p)) from None
     if fmt == "parquet":
         blocks = _scan_parquet(index, p, block_size, columns)
     elif fmt == "arrow":
         blocks = _scan_arrow(index, p, block_size, columns)
     else:
-        blocks = _scan_jsonl(index, p, None if compression else block_size, compression)
+        blocks = _scan_jsonl(index, p, None if compression else block_size, compression, size)
     return FileScan(str(p), fmt, size, fingerprint(p), blocks)
+
+
+def _source(path: Path | str):
+    """What the readers open: a local path as it is, a URL as its random-access file."""
+    return files.open_random(path) if isinstance(path, str) else path
 
 
 def _group(sizes: list[int], block_size: int) -> list[tuple[int, int]]:
@@ -100,7 +110,7 @@ def _group(sizes: list[int], block_size: int) -> list[tuple[int, int]]:
 
 def _scan_parquet(index: int, path: Path, block_size: int, columns: list[str]) -> list[BlockSpec]:
     try:
-        meta = pq.read_metadata(path)
+        meta = pq.read_metadata(_source(path))
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"cannot read Parquet: {exc}", where=str(path)) from None
     rows, sizes, decoded = [], [], []
@@ -127,9 +137,10 @@ def _scan_parquet(index: int, path: Path, block_size: int, columns: list[str]) -
     return out
 
 
-def _open_ipc(path: Path):
-    """(batches as a list, schema) of an Arrow IPC file or stream, memory-mapped."""
-    source = pa.memory_map(str(path))
+def _open_ipc(path: Path | str):
+    """(batches as a list, schema) of an Arrow IPC file or stream, memory-mapped (a URL: read
+    through ranged GETs)."""
+    source = files.open_random(str(path))
     try:
         reader = pa.ipc.open_file(source)
         return [reader.get_batch(i) for i in range(reader.num_record_batches)], reader.schema
@@ -155,7 +166,7 @@ def _scan_arrow(index: int, path: Path, block_size: int, columns: list[str]) -> 
 
 
 def _scan_jsonl(
-    index: int, path: Path, block_size: int | None, compression: str | None
+    index: int, path: Path | str, block_size: int | None, compression: str | None, size: int
 ) -> list[BlockSpec]:
     """JSONL blocks from one streaming pass: newlines and non-blank lines counted per block.
 
@@ -163,7 +174,6 @@ def _scan_jsonl(
     `block_size`; None (compressed files) gives one block. Blank lines are not samples, as in
     the reader (`_line_spans`).
     """
-    size = path.stat().st_size
     cuts = [0]  # byte offset where each block starts
     rows, lines = [0], [0]  # per block: non-blank lines, newlines
     base = 0
@@ -244,9 +254,12 @@ class BlockSource(SourceFile):
 
 
 def _block_bytes(spec: BlockSpec) -> bytes:
-    path = Path(spec.path)
-    _, compression = detect_format(path)
+    path = spec.path if is_url(spec.path) else Path(spec.path)
+    _, compression = detect_format(Path(spec.path))
     try:
+        if isinstance(path, str) and spec.end >= 0:  # one ranged GET of the block's bytes
+            with files.open_random(path) as source:
+                return source.read_at(spec.end - spec.start, spec.start)
         with open_input(path, compression) as stream:
             if spec.end < 0:
                 return stream.read()
@@ -261,7 +274,10 @@ def _read_block(spec: BlockSpec, columns: list[str]):
     path = Path(spec.path)
     if spec.format == "parquet":
         try:
-            pf = pq.ParquetFile(path, memory_map=True)
+            if is_url(spec.path):
+                pf = pq.ParquetFile(files.open_random(spec.path))
+            else:
+                pf = pq.ParquetFile(path, memory_map=True)
             present = [c for c in columns if c in pf.schema_arrow.names]
             if not present:
                 return RawTable(pa.table({"__rows__": pa.nulls(spec.rows)}))
@@ -271,7 +287,7 @@ def _read_block(spec: BlockSpec, columns: list[str]):
         return _select(table, path, columns)
     if spec.format == "arrow":
         try:
-            batches, schema = _open_ipc(path)
+            batches, schema = _open_ipc(spec.path)
             table = pa.Table.from_batches(batches[spec.start : spec.end], schema=schema)
         except (pa.ArrowInvalid, OSError) as exc:
             raise InputError(f"cannot read Arrow IPC: {exc}", where=spec.path) from None

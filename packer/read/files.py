@@ -65,6 +65,7 @@ def expand_inputs(
     inputs: Iterable[str | Path],
     skip: Path | str | None = None,
     skipped: list[Path] | None = None,
+    stage: bool = True,
 ) -> InputFiles:
     """Files named by the inputs: plain files, directories (recursive) and globs, each sorted.
 
@@ -74,7 +75,8 @@ def expand_inputs(
     named as an INPUT is refused (`PackedInputError`): its rows are already packed.
 
     URLs (`s3://bucket/prefix/`, globs too) are listed on their store by the same rules and
-    staged locally (`packer.read.remote`); `file://` URLs are plain paths.
+    staged locally (`packer.read.remote`); `file://` URLs are plain paths. With `stage=False`
+    (block runs, whose tasks read their blocks from the store) they stay URLs (strings).
     """
     if isinstance(inputs, InputFiles):
         return inputs
@@ -88,7 +90,7 @@ def expand_inputs(
         if is_url(text):
             url = parse_url(text, "INPUT")
             if url.protocol != "file":
-                files.extend(expand_url(text, remote_skip, skipped, detect_format))
+                files.extend(expand_url(text, remote_skip, skipped, detect_format, stage))
                 continue
             text = url.path
         path = Path(text)
@@ -123,16 +125,24 @@ def expand_inputs(
     seen: set[Path] = set()
     unique = []
     for f in files:
-        key = display(f) if display(f) != str(f) else f.resolve()
+        key = _identity(f)
         if key in seen:
             raise InputError("the same file is named twice in the inputs", where=display(f))
         seen.add(key)
-        if has_contract_schema(f, detect_format(f)[0]):
+        if has_contract_schema(f, detect_format(Path(f))[0]):
             raise refuse(
                 display(f), "it has the packed-row columns cu_seqlens, position_ids, sample_index"
             )
         unique.append(f)
     return InputFiles(unique)
+
+
+def _identity(f: Path | str):
+    """What names one input once: a URL (read in place, or the URL of a staged copy), else the
+    resolved path."""
+    if isinstance(f, str):
+        return f
+    return display(f) if display(f) != str(f) else f.resolve()
 
 
 class _Excluded:
@@ -179,14 +189,25 @@ class _Excluded:
         return False
 
 
-def fingerprint(path: Path) -> str:
+def fingerprint(path: Path | str) -> str:
     """A cheap content fingerprint: sha256 over the size and up to three 1 MiB blocks.
 
     Hashing whole multi-GB inputs would cost more than packing them; the sampled blocks catch
     truncated, regenerated or swapped files, which is what a manifest reader needs to notice.
+    A URL (a remote input read by the block tasks) is read with three ranged GETs: the same
+    bytes, the same fingerprint as a local copy.
     """
-    size = path.stat().st_size
     block = 1 << 20
+    if isinstance(path, str) and is_url(path):
+        from packer.storage.files import open_random
+
+        with open_random(path) as fh:
+            size = fh.size()
+            digest = hashlib.sha256(str(size).encode())
+            for start in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):
+                digest.update(fh.read_at(min(block, size - start), start))
+        return "sha256-sampled:" + digest.hexdigest()
+    size = path.stat().st_size if isinstance(path, Path) else os.stat(path).st_size
     digest = hashlib.sha256(str(size).encode())
     with open(path, "rb") as fh:
         for start in sorted({0, max(0, size // 2 - block // 2), max(0, size - block)}):

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from packer.storage.urls import is_url
+
 _meter: ContextVar[Callable[[int], None] | None] = ContextVar("packer_read_meter", default=None)
 
 
@@ -50,6 +52,10 @@ class _Counting:
 def open_input(path: Path, compression: str | None):
     """An Arrow input stream over `path`, counted when a meter is active."""
     on_bytes = _meter.get()
+    if isinstance(path, str) and is_url(path):  # a block of a remote input, read by its task
+        from packer.storage.files import open_stream
+
+        return open_stream(path, compression)
     if on_bytes is None:
         return pa.input_stream(str(path), compression=compression)
     stream = pa.PythonFile(_Counting(path, on_bytes), mode="r")

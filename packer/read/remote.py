@@ -69,10 +69,15 @@ def glob_pattern(pattern: str) -> re.Pattern:
 
 
 def expand_url(
-    text: str, skip: str | None, skipped: list | None, detect: Callable[[Path], tuple]
-) -> list[Path]:
+    text: str,
+    skip: str | None,
+    skipped: list | None,
+    detect: Callable[[Path], tuple],
+    stage: bool = True,
+) -> list:
     """The staged local copies of every data file URL `text` names (sorted by URL);
-    `detect` is the format detection that raises for a name packer cannot read."""
+    `detect` is the format detection that raises for a name packer cannot read. With
+    `stage=False`, the URLs themselves (strings), for tasks that read them from the store."""
 
     def is_data(name: str) -> bool:
         try:
@@ -115,7 +120,17 @@ def expand_url(
             except InputError as exc:
                 raise InputError(exc.problem, where=shown) from None
             found = [entry]
+    if not stage:
+        return [_unstaged(url.with_path(e.path)) for e in found]
     return [_staged(store, url.with_path(e.path), e.size) for e in found]
+
+
+def _unstaged(url: Url) -> str:
+    """A remote input read in place: its URL, registered so that the path the readers make of
+    it (`Path("s3://b/k")` is `s3:/b/k`) is named by the URL in messages and the manifest."""
+    text = redact(str(url))
+    storage.names.register(Path(text), text)
+    return text
 
 
 def store_missing(store, url: Url, shown: str) -> InputError:

@@ -32,6 +32,6 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str):
     if name in _WHERE:
         return getattr(importlib.import_module(f"packer.storage.{_WHERE[name]}"), name)
-    if name in ("names", "options", "stores", "urls", "failures", "progress"):
+    if name in ("names", "options", "stores", "urls", "failures", "progress", "files"):
         return importlib.import_module(f"packer.storage.{name}")
     raise AttributeError(f"module 'packer.storage' has no attribute {name!r}")
