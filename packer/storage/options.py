@@ -51,11 +51,10 @@ def carried() -> dict:
 
 
 def carry_in(settings: dict) -> None:
-    """Use the store settings of the driver (`carried`) in this process."""
-    env = settings.get("env", {})
-    if env != {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIXES)}:
-        for name in [k for k in os.environ if k.startswith(ENV_PREFIXES)]:
-            del os.environ[name]
-        os.environ.update(env)
+    """Use the store settings of the driver (`carried`) in this process (a task's worker)."""
+    # the driver's variables win; a node's own (set where the driver has none) are kept
+    for name, value in settings.get("env", {}).items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
     if settings.get("options", {}) != _OPTIONS:
         set_options(settings.get("options", {}))
