@@ -60,8 +60,8 @@ def test_ray_from_and_to_s3_gives_the_local_bytes(cli, cluster, s3, tmp_path, mo
 
 
 def test_a_killed_ray_driver_writing_to_s3_is_resumed_with_the_local_bytes(cluster, s3, tmp_path):
-    """SIGKILL the driver while Ray's block tasks upload to the store; --resume on Ray finds
-    the tasks' completion records beside the output and writes the local bytes."""
+    """SIGKILL the driver while Ray's block tasks read from and upload to the store; --resume
+    on Ray finds the tasks' completion records beside the output and writes the local bytes."""
     import os
     import signal
     import subprocess
@@ -83,12 +83,14 @@ def test_a_killed_ray_driver_writing_to_s3_is_resumed_with_the_local_bytes(clust
     args = ["-L", "256", "--overlength", "split", "--block-size", "8KiB", "--shard-rows", "20"]
     root = str(Path(__file__).resolve().parent.parent)
 
-    def pack(out: str, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "packer", "pack", str(data), "-o", out, *args, *extra]
+    corpus = s3.put_dir(data, "corpus")  # read in place by the tasks, on Ray
+
+    def pack(out: str, *extra: str, src=corpus) -> list[str]:
+        return [sys.executable, "-m", "packer", "pack", str(src), "-o", out, *args, *extra]
 
     env = {**os.environ, "PYTHONPATH": root}
     local = tmp_path / "local"
-    assert subprocess.run(pack(str(local)), env=env, capture_output=True).returncode == 0
+    assert subprocess.run(pack(str(local), src=data), env=env, capture_output=True).returncode == 0
 
     def records() -> int:
         return sum(k.split("/")[-1].startswith("done-") for k in s3.keys("packed/"))
