@@ -34,6 +34,8 @@ class Proxy:
         self.rules: list[Rule] = []
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
+        self.in_flight = 0
+        self.idle = threading.Condition(self.lock)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -59,6 +61,16 @@ class Proxy:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
             def _handle(self) -> None:
+                with proxy.lock:
+                    proxy.in_flight += 1
+                try:
+                    self._forward()
+                finally:
+                    with proxy.lock:
+                        proxy.in_flight -= 1
+                        proxy.idle.notify_all()
+
+            def _forward(self) -> None:
                 rule = proxy.pick(self.command, self.path)
                 if rule is not None and rule.action == "drop":
                     length = int(self.headers.get("Content-Length") or 0)
@@ -119,5 +131,10 @@ class Proxy:
         return None
 
     def close(self) -> None:
+        """Stop serving once every request already received has reached the server: a killed
+        client's last upload may still be on its way upstream, and a test that lists the bucket
+        right after must see the final state."""
+        with self.lock:
+            self.idle.wait_for(lambda: self.in_flight == 0, timeout=30)
         self.server.shutdown()
         self.server.server_close()
