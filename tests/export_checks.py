@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def packer_rows(out: Path) -> list[dict]:
-    """Every row of a packer output without its --pad tail: tokens, labels, sample lengths and
-    provenance, read with plain pyarrow."""
+    """Every row of a packer output without its --pad tail (and, for a --cp-size output, without
+    each sample's CP padding): tokens, labels, sample lengths and provenance, read with plain
+    pyarrow."""
     manifest = json.loads((out / "manifest.json").read_text())
     rows = []
     for entry in manifest["shards"]:
@@ -34,11 +35,14 @@ def packer_rows(out: Path) -> list[dict]:
         for row in table.to_pylist():
             n = len(row["sample_index"])
             cu = row["cu_seqlens"][: n + 1]
+            # a --cp-size row: sample j starts at cu_seqlens_padded[j], real length from cu
+            starts = row.get("cu_seqlens_padded") or cu
+            take = [i for j in range(n) for i in range(starts[j], starts[j] + cu[j + 1] - cu[j])]
             rows.append(
                 {
-                    "input_ids": row["input_ids"][: cu[-1]],
-                    "labels": row["labels"][: cu[-1]],
-                    "position_ids": row["position_ids"][: cu[-1]],
+                    "input_ids": [row["input_ids"][i] for i in take],
+                    "labels": [row["labels"][i] for i in take],
+                    "position_ids": [row["position_ids"][i] for i in take],
                     "seq_lens": list(np.diff(cu)),
                     "sample_index": row["sample_index"],
                     "sample_offset": row["sample_offset"],
@@ -88,6 +92,27 @@ def bridge_read(directory: Path) -> list[dict]:
                     }
                 )
     return items
+
+
+def bridge_collate_cp(item: dict, max_length: int, eos_id: int) -> dict:
+    """One item as GPTSFTPackedDataset.collate_fn (megatron/bridge/data/packing/gpt_sft.py)
+    builds it with answer_only_loss=True and pad_seq_to_mult > 1: tokens, targets,
+    mask and positions as without CP; `cu_seqlens_padded` adds each sub-sequence's e-b-1 (and
+    max_length at the end); `cu_seqlens` adds each sub-sequence's logical length, up to its last
+    non-EOS token of input_ids[b:e-1] (and repeats its last value for the row's padding)."""
+    plain = bridge_collate(item, max_length, eos_id)
+    b, ids = item["seq_boundaries"], item["input_ids"]
+    padded, logical = [0], [0]
+    for s, e in zip(b[:-1], b[1:]):
+        padded.append(padded[-1] + e - s - 1)
+        seen = ids[s : e - 1]
+        real = [i for i, t in enumerate(seen) if t != eos_id]
+        logical.append(logical[-1] + (real[-1] + 1 if real else 0))
+    if padded[-1] != max_length:
+        padded.append(max_length)
+    if len(padded) > len(logical):
+        logical.append(logical[-1])
+    return dict(plain, cu_seqlens_padded=padded, cu_seqlens=logical)
 
 
 def bridge_collate(item: dict, max_length: int, eos_id: int) -> dict:

@@ -261,6 +261,12 @@ def pack(
                 "--export cannot be used with --pairs: the export formats have no pairs and "
                 "would train each side as a separate sample"
             )
+        if export_to == "megatron-bridge" and cfg.cp_size > 1:
+            raise UsageError(
+                "--export megatron-bridge cannot be used with --cp-size: Bridge's CP layout "
+                "needs the EOS id; pack, then run packer export OUTPUT --to megatron-bridge "
+                "--eos-id ID"
+            )
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
             result = run_pack(
                 inputs,

@@ -54,11 +54,46 @@ def _list(offsets, values, arrow_type) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, arrow_type))
 
 
-class BridgeWriter:
-    """One `shard-NNNNN.idx.parquet` per source shard and `packing_metadata.json`."""
+def cp_layout(batch: RowBatch, multiple: int, eos_id: int) -> tuple[np.ndarray, ...]:
+    """Row offsets, tokens, loss mask and sub-sequence lengths as Bridge stores rows for
+    context parallelism (`pad_seq_to_mult = multiple`, offline.py's `_pre_pad_data_point`):
+    the model sees every sub-sequence but its last token, so each sample of n tokens is stored
+    with EOS padding to `ceil((n - 1) / multiple) * multiple + 1` tokens, mask 0 on the padding.
+    """
+    n = batch.seq_lens
+    stored = (n - 1 + multiple - 1) // multiple * multiple + 1
+    begin = np.cumsum(stored) - stored
+    dest = np.repeat(begin - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+    ids = np.full(int(stored.sum()), eos_id, dtype=np.int32)
+    ids[dest] = batch.ids
+    mask = np.zeros(ids.size, dtype=np.int8)
+    mask[dest] = loss_mask(batch)
+    csum = np.concatenate([[0], np.cumsum(stored)]).astype(np.int64)
+    return csum[batch.seq_off], ids, mask, stored
 
-    def __init__(self, tmp: Path, pack_size: int):
+
+def first_loss_after_eos_tail(batch: RowBatch, eos_id: int) -> int | None:
+    """The first token (index into `batch.ids`) whose loss Bridge's CP collate would drop: it
+    takes a sub-sequence's real length to end at its last non-EOS token, so a loss-bearing
+    position inside a sample's trailing run of EOS ids would count as padding."""
+    if not batch.ids.size:
+        return None
+    starts = batch.token_starts()
+    local = np.arange(batch.ids.size) - np.repeat(starts, batch.seq_lens)
+    last_real = np.maximum.reduceat(np.where(batch.ids != eos_id, local, -1), starts)
+    bad = (loss_mask(batch) == 1) & (local > np.repeat(last_real, batch.seq_lens))
+    return int(np.argmax(bad)) if bad.any() else None
+
+
+class BridgeWriter:
+    """One `shard-NNNNN.idx.parquet` per source shard and `packing_metadata.json`.
+
+    `multiple` > 1 (a `--cp-size` output: 2 x cp_size) stores rows as Bridge's own packer does
+    with `pad_seq_to_mult`, padded with `eos_id`."""
+
+    def __init__(self, tmp: Path, pack_size: int, multiple: int = 1, eos_id: int | None = None):
         self.tmp, self.pack_size = tmp, pack_size
+        self.multiple, self.eos_id = multiple, eos_id
         self._writer = None
         self.rows = self.samples = self.tokens = 0
         self.max_seqlen = self.max_per_row = 0
@@ -73,11 +108,17 @@ class BridgeWriter:
         )
 
     def write(self, batch: RowBatch) -> None:
+        if self.multiple > 1:
+            off, ids, mask, seq_lens = cp_layout(batch, self.multiple, self.eos_id)
+            starts = (np.cumsum(seq_lens) - seq_lens) - np.repeat(off[:-1], batch.samples_per_row)
+        else:
+            off, ids, mask, seq_lens = batch.off, batch.ids, loss_mask(batch), batch.seq_lens
+            starts = batch.seq_starts()
         table = pa.Table.from_arrays(
             [
-                _list(batch.off, batch.ids, pa.int32()),
-                _list(batch.off, loss_mask(batch), pa.int8()),
-                _list(batch.seq_off, batch.seq_starts().astype(np.int32), pa.int32()),
+                _list(off, ids, pa.int32()),
+                _list(off, mask, pa.int8()),
+                _list(batch.seq_off, starts.astype(np.int32), pa.int32()),
                 _list(batch.seq_off, batch.sample_index, pa.int64()),
                 _list(batch.seq_off, batch.sample_offset, pa.int32()),
             ],
@@ -85,11 +126,11 @@ class BridgeWriter:
         )
         self._writer.write_table(table, row_group_size=ROW_GROUP)
         if batch.rows:
-            lens = batch.row_lens
+            lens = np.diff(off)
             self.rows += batch.rows
             self.samples += int(batch.seq_off[-1])
             self.tokens += int(lens.sum())
-            self.max_seqlen = max(self.max_seqlen, int(batch.seq_lens.max()))
+            self.max_seqlen = max(self.max_seqlen, int(seq_lens.max()))
             self.max_per_row = max(self.max_per_row, int(batch.samples_per_row.max()))
             low = int(lens.min())
             self.min_row = low if self.min_row is None else min(self.min_row, low)
@@ -110,5 +151,7 @@ class BridgeWriter:
             "packing_factor": round(self.samples / rows, 2),
             "packing_efficiency": round(self.tokens / rows / self.pack_size * 100, 2),
         }
+        if self.multiple > 1:  # what the recipe's packed_sequence_specs must say
+            metadata["pad_seq_to_mult"] = self.multiple
         (self.tmp / METADATA).write_text(json.dumps([metadata], sort_keys=True) + "\n")
         return {"metadata": metadata}

@@ -94,6 +94,8 @@ def row_batch(batch: ShardArrays) -> RowBatch:
         keep = np.ones(seg_lens.size, dtype=bool)
         keep[batch.cu_off[1:-1].astype(np.int64) - 1] = False  # the step from one row to the next
         seg_lens = seg_lens[keep]
+    if batch.cu_real is not None:  # a CP output: every sample without its CP padding
+        return _without_cp_padding(batch, n_samples)
     # real length of each row: the cu entry after its last sample
     real = batch.cu[(cu_base + n_samples)].astype(np.int64)
     ids_off = batch.ids_off.astype(np.int64)
@@ -129,6 +131,39 @@ def row_batch(batch: ShardArrays) -> RowBatch:
         seq_lens=seg_lens[take],
         sample_index=batch.sample_index[si0 : si0 + int(n_samples.sum())].astype(np.int64),
         sample_offset=batch.sample_offset[so0 : so0 + int(n_samples.sum())].astype(np.int32),
+    )
+
+
+def _without_cp_padding(batch: ShardArrays, n_samples: np.ndarray) -> RowBatch:
+    """The rows of a `--cp-size` shard with each sample's real tokens only.
+
+    Sample j of row r starts at `cu_seqlens_padded[j]` in its row and has
+    `cu_seqlens[j + 1] - cu_seqlens[j]` real tokens; its CP padding (and a `--pad` segment) is
+    left out, so every format gets the samples exactly and pads them its own way."""
+    rows = batch.rows
+    total = int(n_samples.sum())
+    within = np.arange(total) - np.repeat(np.cumsum(n_samples) - n_samples, n_samples)
+    k = np.repeat(batch.cu_off[:-1].astype(np.int64), n_samples) + within
+    kr = np.repeat(batch.cu_real_off[:-1].astype(np.int64), n_samples) + within
+    lens = (batch.cu_real[kr + 1] - batch.cu_real[kr]).astype(np.int64)
+    ids_off = batch.ids_off.astype(np.int64)
+    starts = np.repeat(ids_off[:-1], n_samples) + batch.cu[k].astype(np.int64)
+    index = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+    seq_off = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(n_samples, out=seq_off[1:])
+    csum = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    si0, so0 = int(batch.si_off[0]), int(batch.so_off[0])
+    return RowBatch(
+        shard=batch.name,
+        first_row=batch.first_row,
+        rows=rows,
+        off=csum[seq_off],
+        ids=batch.ids[index],
+        labels=batch.labels[index],
+        seq_off=seq_off,
+        seq_lens=lens,
+        sample_index=batch.sample_index[si0 : si0 + total].astype(np.int64),
+        sample_offset=batch.sample_offset[so0 : so0 + total].astype(np.int32),
     )
 
 

@@ -83,15 +83,18 @@ def export(
     started = time.perf_counter()
     source, dest = _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit)
     total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
+    cp_size = cp_size_of(source)
     tmp = start(dest)
-    result = ExportResult(dest, to, notes=_NOTES[to])
+    result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, cp_size))
     with building(tmp, dest):
-        writer = _writer(to, tmp, source, vocab_size, mds_size_limit)
+        writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
         for number, name in enumerate(source.shards):
             writer.start_shard(number)
             for batch in source.batches_of(name):
                 if to == "megatron-bridge" and "labels-from-ids" not in accept:
                     _refuse_label_mismatch(batch)
+                if to == "megatron-bridge" and cp_size > 1:
+                    _refuse_loss_in_eos_tail(batch, eos_id)
                 writer.write(batch)
                 result.rows += batch.rows
                 result.samples += int(batch.seq_off[-1])
@@ -150,6 +153,13 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
             f"{option('mds_size_limit', '--mds-size-limit')} must be between 1 byte and 4 GiB"
         )
     source = open_source(output)
+    if to == "megatron-bridge" and cp_size_of(source) > 1 and eos_id is None:
+        raise UsageError(
+            f"{option('eos_id', '--eos-id')} is needed to export a --cp-size output to "
+            "Megatron-Bridge: its CP layout pads every sub-sequence with EOS and finds each "
+            "sample's real end by it",
+            where=source.name or str(source.directory),
+        )
     if is_url(str(dest)):
         raise UsageError(
             f"{option('dest', '--output')} must be a local directory: exports are written "
@@ -185,7 +195,25 @@ def check_destination(dest: Path, overwrite: bool) -> None:
             )
 
 
-def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit):
+def cp_size_of(source: Source) -> int:
+    return int(source.manifest["config"].get("cp_size") or 1)
+
+
+def _cp_notes(to: str, cp_size: int) -> tuple[str, ...]:
+    if cp_size <= 1:
+        return ()
+    if to == "megatron-bridge":
+        return (
+            f"rows keep the CP layout: each sub-sequence padded with EOS as Bridge's "
+            f"pad_seq_to_mult = {2 * cp_size} does (set it in packed_sequence_specs)",
+        )
+    return (
+        f"the CP padding (--cp-size {cp_size}) is not carried: every sample keeps its real "
+        "tokens only, and the trainer pads for context parallelism itself",
+    )
+
+
+def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit, eos_id=None):
     if to == "trl":
         fingerprint = hashlib.sha256(source.manifest_bytes).hexdigest()[:16]
         return trl.TrlWriter(tmp, len(source.shards), fingerprint)
@@ -195,7 +223,24 @@ def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit):
         return megatron.MegatronWriter(tmp, vocab_size)
     if to == "mds":
         return mds.MdsWriter(tmp, mds_size_limit)
-    return megatron_bridge.BridgeWriter(tmp, int(source.manifest["config"]["max_len"]))
+    cp_size = cp_size_of(source)
+    multiple = 2 * cp_size if cp_size > 1 else 1
+    return megatron_bridge.BridgeWriter(
+        tmp, int(source.manifest["config"]["max_len"]), multiple, eos_id
+    )
+
+
+def _refuse_loss_in_eos_tail(batch, eos_id: int) -> None:
+    token = megatron_bridge.first_loss_after_eos_tail(batch, eos_id)
+    if token is None:
+        return
+    row = batch.first_row + row_of_token(batch, token)
+    raise UsageError(
+        f"row {row}: a sample ends in --eos-id {eos_id} tokens that carry loss; Megatron-Bridge's "
+        "CP collate counts a sample's real tokens up to its last non-EOS id, so it would drop "
+        "that loss; nothing was written",
+        where=batch.shard,
+    )
 
 
 def _refuse_label_mismatch(batch) -> None:
