@@ -224,7 +224,6 @@ def pack(
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
     from packer.cli.render import pack_table, progress_bars, split_note, stderr
     from packer.config import build_config
-    from packer.errors import UsageError
     from packer.interrupts import sigterm_as_interrupt
     from packer.pipelines.pack import pack as run_pack
 
@@ -256,17 +255,7 @@ def pack(
                 "rejected_column": rejected_column,
             },
         )
-        if export_to is not None and cfg.pairs:
-            raise UsageError(
-                "--export cannot be used with --pairs: the export formats have no pairs and "
-                "would train each side as a separate sample"
-            )
-        if export_to == "megatron-bridge" and cfg.cp_size > 1:
-            raise UsageError(
-                "--export megatron-bridge cannot be used with --cp-size: Bridge's CP layout "
-                "needs the EOS id; pack, then run packer export OUTPUT --to megatron-bridge "
-                "--eos-id ID"
-            )
+        _check_export_config(export_to, cfg)
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
             result = run_pack(
                 inputs,
@@ -304,6 +293,23 @@ def pack(
                     markup=False,
                     soft_wrap=True,
                 )
+
+
+def _check_export_config(export_to: str | None, cfg) -> None:
+    """Refuse, before packing, an --export that the packed output could not take."""
+    from packer.errors import UsageError
+
+    if export_to is not None and cfg.pairs:
+        raise UsageError(
+            "--export cannot be used with --pairs: the export formats have no pairs and "
+            "would train each side as a separate sample"
+        )
+    if export_to == "megatron-bridge" and cfg.cp_size > 1:
+        raise UsageError(
+            "--export megatron-bridge cannot be used with --cp-size: Bridge's CP layout "
+            "needs the EOS id; pack, then run packer export OUTPUT --to megatron-bridge "
+            "--eos-id ID"
+        )
 
 
 def _export_target(fmt: str | None, dest: Path | None, output: str, overwrite: bool):
