@@ -48,13 +48,16 @@ def cp_cost(lengths: np.ndarray, max_len: int, cp_size: int) -> dict:
     }
 
 
-def zigzag_index(cu_seqlens_padded: np.ndarray, cp_rank: int, cp_size: int) -> np.ndarray:
+def zigzag_index(
+    cu_seqlens_padded: np.ndarray, cp_rank: int, cp_size: int, second_chunk: int | None = None
+) -> np.ndarray:
     """The row positions that CP rank `cp_rank` holds, in the order it holds them.
 
     Each segment `[cu[k], cu[k + 1])` splits into `2 x cp_size` equal chunks; the rank takes chunk
     `cp_rank`, then chunk `2 x cp_size - 1 - cp_rank`, segment after segment (the load-balanced
     "zigzag" split of Transformer Engine's THD format and zigzag varlen ring flash-attention).
-    Every segment's length must be a multiple of `2 x cp_size`.
+    Every segment's length must be a multiple of `2 x cp_size`. `second_chunk` takes another
+    second chunk instead: a wrong layout, for verify's negative control.
     """
     cu = np.asarray(cu_seqlens_padded, np.int64)
     if cp_size < 1 or not 0 <= cp_rank < cp_size:
@@ -71,7 +74,10 @@ def zigzag_index(cu_seqlens_padded: np.ndarray, cp_rank: int, cp_size: int) -> n
         )
     chunk = seg // mult
     first = cu[:-1] + cp_rank * chunk
-    second = cu[:-1] + (mult - 1 - cp_rank) * chunk
+    other = mult - 1 - cp_rank if second_chunk is None else second_chunk
+    if not 0 <= other < mult:
+        raise ValueError(f"second_chunk must be in [0, {mult}), got {second_chunk}")
+    second = cu[:-1] + other * chunk
     starts = np.stack([first, second], axis=1).ravel()
     sizes = np.repeat(chunk, 2)
     total = int(sizes.sum())

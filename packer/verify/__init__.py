@@ -69,6 +69,7 @@ OnRow = Callable[[int, int], None]  # (rows done, rows in all), as a check goes
 # The stages `verify` reports to its `progress` callback: (stage, done, total).
 STAGE_STRUCTURE = "checking every row"
 STAGE_ATTENTION = "attention rows"
+STAGE_CP_ATTENTION = "CP ring attention rows"
 STAGE_MODEL = "model rows"
 STAGE_USER_MODEL = "your model's rows"
 
@@ -252,7 +253,8 @@ def _run_checks(
         check_cp_split(statuses, packed_cp, cp_size, cp_check)
 
     if chosen is None:
-        for name in ("attention", "negative_control", "model", "user_model"):
+        cp_names = ("cp_attention",) if cp_check is not None else ()
+        for name in ("attention", "negative_control", *cp_names, "model", "user_model"):
             add(_not_run(name, "--no-attention was given"))
         return checks
     import numpy as np  # here: `import packer.verify` (the CLI's help) stays light
@@ -274,6 +276,12 @@ def _run_checks(
     backend_obj, dtype_name = chosen
     on_row = _stage(progress, STAGE_ATTENTION)
     run_attention(picked, backend_obj, dtype_name, seed, attention_check, control, on_row)
+    if cp_check is not None:
+        from packer.verify.cp_attention import run_cp_attention
+
+        size = cp_size if cp_size and cp_size > 1 else packed_cp
+        on_row = _stage(progress, STAGE_CP_ATTENTION)
+        run_cp_attention(statuses, size, count, seed, add(CheckResult("cp_attention")), on_row)
     if model_check:
         from packer.verify.model_check import run_model_check
 

@@ -46,7 +46,7 @@ def qkv_from_tokens(ids: np.ndarray, seed: int, device: str, dtype):
     return qkv[:, 0].contiguous(), qkv[:, 1].contiguous(), qkv[:, 2].contiguous()
 
 
-def _reference(q, k, v):
+def reference_attention(q, k, v):
     """fp32 causal attention over one sample (SDPA), the cross-implementation witness."""
     import torch.nn.functional as F
 
@@ -119,7 +119,7 @@ class _Run:
         seg_cu = torch.tensor([0, b - a], dtype=torch.int32, device=backend.device)
         alone = backend.forward(q[a:b], k[a:b], v[a:b], seg_cu, b - a).float()
         iso = float((packed[a:b] - alone).abs().max())
-        ref = float((packed[a:b] - _reference(q[a:b], k[a:b], v[a:b])).abs().max())
+        ref = float((packed[a:b] - reference_attention(q[a:b], k[a:b], v[a:b])).abs().max())
         leak = float((causal[a:b] - alone).abs().max())
         self.iso_max, self.ref_max = max(self.iso_max, iso), max(self.ref_max, ref)
         label = sample_label(item.shard, item.row, item.data, a, b, j)
