@@ -31,14 +31,19 @@ def _summary(name: str, d: dict) -> str:
             f"({_fmt(d.get('segments'))} segments)"
         )
     if name == "cp":
-        text = f"cp_size {_fmt(d.get('cp_size'))}: {d.get('splits', '-')}"
-        if d.get("ring_rows") is not None:
-            text += (
-                f"; ring attention over {_fmt(d.get('ring_rows'))} rows / "
-                f"{_fmt(d.get('ring_samples'))} samples vs alone max diff "
-                f"{_fmt(d.get('max_ring_diff'))}, controls leak {_fmt(d.get('min_control_diff'))}"
-            )
-        return text
+        return f"cp_size {_fmt(d.get('cp_size'))}: {d.get('splits', '-')}"
+    if name == "cp_attention":
+        controls = ", ".join(
+            f"{k.replace('_', ' ')} {_fmt(c.get('min_diff'))}"
+            + ("" if c.get("caught") else " NOT caught")
+            for k, c in (d.get("controls") or {}).items()
+        )
+        return (
+            f"{_fmt(d.get('cp_size'))} ranks simulated (zigzag, ring, fp32), "
+            f"{_fmt(d.get('rows'))} rows / {_fmt(d.get('samples'))} samples: vs alone max diff "
+            f"{_fmt(d.get('max_diff'))} (tolerance {_fmt(d.get('tolerance'))}); controls "
+            f"{controls} (must exceed {_fmt(d.get('threshold'))})"
+        )
     if name == "attention":
         return (
             f"{d.get('backend')} ({d.get('device')}, {d.get('dtype')}), "
