@@ -198,3 +198,12 @@ def test_cp_size_on_a_plain_output_simulates_splittable_rows(tmp_path, cli):
     assert result.checks["cp_attention"].skipped_reason == "no row splits for cp_size 3"
     assert "cp_attention" not in verify(plain).checks
     assert not verify(plain, cp_size=2, attention=False).checks["cp_attention"].ran
+
+
+def test_a_ring_off_by_ten_times_the_tolerance_fails(cp2_out, monkeypatch):
+    ring = C.ring_attention
+    monkeypatch.setattr(C, "ring_attention", lambda *a, **kw: ring(*a, **kw) + 1e-4)
+    check = verify(cp2_out, rows=2).checks["cp_attention"]
+    assert not check.ok and check.failure_count == check.details["samples"] > 0
+    assert all(c["caught"] for c in check.details["controls"].values())
+    assert "differs from the sample run alone by 0.0001" in check.failures[0].message
