@@ -252,12 +252,12 @@ def test_cpu_and_flex_match_per_sample_runs():
     packed_cpu = cpu(q, k, v, cu, 23)
     packed_flex = flex(q, k, v, cu, 23)
     for a, b in [(0, 5), (5, 17), (17, 40)]:
-        alone = A._reference(q[a:b], k[a:b], v[a:b])
+        alone = A.reference_attention(q[a:b], k[a:b], v[a:b])
         assert (packed_cpu[a:b] - alone).abs().max() < 1e-5
         assert (packed_flex[a:b] - alone).abs().max() < 1e-5
     whole = torch.tensor([0, 40], dtype=torch.int32)
     assert (
-        cpu(q, k, v, whole, 40)[5:17] - A._reference(q[5:17], k[5:17], v[5:17])
+        cpu(q, k, v, whole, 40)[5:17] - A.reference_attention(q[5:17], k[5:17], v[5:17])
     ).abs().max() > 0.1
 
 
@@ -371,8 +371,8 @@ def _joined_leak(first: np.ndarray, second: np.ndarray, seed: int = 0) -> float:
     ids = np.concatenate([first, second])
     q, k, v = A.qkv_from_tokens(ids, seed, "cpu", torch.float32)
     a = len(first)
-    both = A._reference(q, k, v)[a:]
-    alone = A._reference(q[a:], k[a:], v[a:])
+    both = A.reference_attention(q, k, v)[a:]
+    alone = A.reference_attention(q[a:], k[a:], v[a:])
     return float((both - alone).abs().max())
 
 
