@@ -126,7 +126,8 @@ def verify(
         None,
         "--cp-size",
         help="On an output packed without --cp-size: check that every row can be split for "
-        "context parallelism of this size (every sample a multiple of 2N). A CP output is "
+        "context parallelism of this size (every sample a multiple of 2N), and simulate its "
+        "N ranks' ring attention on the rows that split (cp_attention). A CP output is "
         "checked for its own size without it. [default: none]",
     ),
     no_attention: bool = typer.Option(
