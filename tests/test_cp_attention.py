@@ -59,6 +59,15 @@ def test_ring_equals_block_causal_attention(cp_size, chunks, seed):
     assert torch.allclose(ring, block_causal(q, k, v, cu.tolist()), atol=1e-5)
 
 
+@pytest.mark.parametrize("scores", [1, 7, 100])
+def test_long_rows_go_in_query_blocks(monkeypatch, scores):
+    """Queries in blocks (to bound memory on long rows) give the same attention."""
+    monkeypatch.setattr(C, "QUERY_BLOCK_SCORES", scores)
+    q, k, v, cu = random_row(4, [8, 4, 8], seed=scores)
+    ring = C.ring_attention(q, k, v, cu, 4)
+    assert torch.allclose(ring, block_causal(q, k, v, cu.tolist()), atol=1e-5)
+
+
 @pytest.mark.parametrize("cp_size", [2, 3, 4])
 def test_both_controls_change_the_ring(cp_size):
     q, k, v, cu = random_row(cp_size, [2, 1, 3], seed=cp_size)

@@ -51,16 +51,28 @@ def token_layout(cu_padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return seg, t - cu[seg]
 
 
-def _partial(q, k, v, allowed):
-    """Softmax attention of q over the allowed keys: (out (Tq, H, D), lse (Tq, H)); a query
+QUERY_BLOCK_SCORES = 1 << 22  # scores held at once per head: long rows go in query blocks
+
+
+def _partial(q, k, v, meta_q, meta_k):
+    """Causal softmax attention of q over the keys of its own sample at positions <= its own
+    (`meta_*`: sample and position of each token): (out (Tq, H, D), lse (Tq, H)). A query
     allowed no key gets out 0 and lse -inf, which the merge ignores."""
     import torch
 
-    scores = torch.einsum("qhd,khd->hqk", q, k) * q.shape[-1] ** -0.5
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
-    return torch.einsum("hqk,khd->qhd", weights, v), lse.transpose(0, 1)
+    (seg_q, pos_q), (seg_k, pos_k) = meta_q, meta_k
+    outs, lses = [], []
+    block = max(1, QUERY_BLOCK_SCORES // max(1, k.shape[0]))
+    for s in range(0, q.shape[0], block):
+        sq, pq = seg_q[s : s + block, None], pos_q[s : s + block, None]
+        allowed = (sq == seg_k[None, :]) & (pos_k[None, :] <= pq)
+        scores = torch.einsum("qhd,khd->hqk", q[s : s + block], k) * q.shape[-1] ** -0.5
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+        outs.append(torch.einsum("hqk,khd->qhd", weights, v))
+        lses.append(lse.transpose(0, 1))
+    return torch.cat(outs), torch.cat(lses)
 
 
 def _merge(out, lse, out_b, lse_b):
@@ -100,13 +112,12 @@ def ring_attention(
         queries.append((q[held[-1]], meta))
         blocks.append((k[kv], v[kv], meta))
     out = torch.zeros_like(q)
-    for r, (q_r, (seg_q, pos_q)) in enumerate(queries):
+    for r, (q_r, meta_q) in enumerate(queries):
         acc = torch.zeros_like(q_r)
         lse = torch.full(q_r.shape[:2], float("-inf"), dtype=q.dtype)
         for step in range(cp_size):  # step s brings the block of rank r - s
-            k_b, v_b, (seg_k, pos_k) = blocks[(r - step) % cp_size]
-            allowed = (seg_q[:, None] == seg_k[None, :]) & (pos_k[None, :] <= pos_q[:, None])
-            acc, lse = _merge(acc, lse, *_partial(q_r, k_b, v_b, allowed))
+            k_b, v_b, meta_k = blocks[(r - step) % cp_size]
+            acc, lse = _merge(acc, lse, *_partial(q_r, k_b, v_b, meta_q, meta_k))
         out[held[r]] = acc
     return out
 
