@@ -4,9 +4,10 @@ For each picked row that splits for `cp_size` N, every rank takes its zigzag sha
 (`packer.planning.cp.zigzag_index`, what `packer.torch.cp_shard` hands out) and runs ring
 attention as the CP kernels do: N steps, each a partial causal softmax attention of the rank's
 queries over the key/value block the ring brings (its own first, then rank r - 1's, ...),
-merged by a running log-sum-exp. The masks come from where the kernel believes each local
-token sits (its sample and position, from `cu_seqlens_padded` and the zigzag layout), as a
-real kernel derives them; padding keys are attended like real ones (ring-flash-attn's way).
+merged by a running log-sum-exp. Every rank attends sample by sample (each sample's slots on
+a rank are `cu_seqlens_padded // N`, ring-flash-attn's local cu_seqlens), causal by the
+positions the zigzag layout gives its slots, as a real kernel derives them; padding keys are
+attended like real ones (ring-flash-attn's way).
 The ranks' outputs, put back into row order, must equal each sample's causal attention run
 alone over its real tokens (fp32). Samples are delimited by the position restarts, not by the
 boundaries the ranks use, so a boundary in the wrong place shows.
@@ -54,24 +55,24 @@ def token_layout(cu_padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 QUERY_BLOCK_SCORES = 1 << 22  # scores held at once per head: long rows go in query blocks
 
 
-def _partial(q, k, v, meta_q, meta_k):
-    """Causal softmax attention of q over the keys of its own sample at positions <= its own
-    (`meta_*`: sample and position of each token): (out (Tq, H, D), lse (Tq, H)). A query
-    allowed no key gets out 0 and lse -inf, which the merge ignores."""
+def _partial(q, k, v, pos_q, pos_k):
+    """Causal softmax attention of one sample's queries over its keys at positions <= their
+    own: (out (Tq, H, D), lse (Tq, H)). A query allowed no key gets out 0 and lse -inf, which
+    the merge ignores."""
     import torch
 
-    (seg_q, pos_q), (seg_k, pos_k) = meta_q, meta_k
     outs, lses = [], []
     block = max(1, QUERY_BLOCK_SCORES // max(1, k.shape[0]))
     for s in range(0, q.shape[0], block):
-        sq, pq = seg_q[s : s + block, None], pos_q[s : s + block, None]
-        allowed = (sq == seg_k[None, :]) & (pos_k[None, :] <= pq)
+        allowed = pos_k[None, :] <= pos_q[s : s + block, None]
         scores = torch.einsum("qhd,khd->hqk", q[s : s + block], k) * q.shape[-1] ** -0.5
         scores = scores.masked_fill(~allowed, float("-inf"))
-        lse = torch.logsumexp(scores, dim=-1)
-        weights = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
-        outs.append(torch.einsum("hqk,khd->qhd", weights, v))
-        lses.append(lse.transpose(0, 1))
+        top = scores.amax(dim=-1, keepdim=True)
+        weights = torch.exp(scores - top.masked_fill(top == float("-inf"), 0.0))
+        total = weights.sum(dim=-1)  # 0 where no key is allowed: out 0, lse -inf
+        out = torch.einsum("hqk,khd->qhd", weights, v) / total.clamp_min(1e-30).T[..., None]
+        outs.append(out)
+        lses.append((top[..., 0] + torch.log(total)).transpose(0, 1))
     return torch.cat(outs), torch.cat(lses)
 
 
@@ -95,29 +96,35 @@ def ring_attention(
     kv_perm: dict[int, np.ndarray] | None = None,
 ):
     """Causal attention of a row (q, k, v of shape (T, H, D)) computed as `cp_size` ring ranks
-    would, returned in row order. The kernel's masks assume the zigzag layout; the faults of the
-    negative controls are planted by `second_chunk(rank)` (the second chunk a rank really holds)
-    and `kv_perm` (rank -> a permutation of the local key/value slots it sends)."""
+    would, returned in row order. Like a varlen CP kernel, every rank holds each sample's slots
+    at `cu_padded // cp_size` (ring-flash-attn's local cu_seqlens) and masks by the positions
+    the zigzag layout gives them. The negative controls plant their faults with
+    `second_chunk(rank)` (the second chunk a rank really holds, the kernel still assuming
+    zigzag) and `kv_perm` (rank -> a permutation of the local key/value slots it sends)."""
     import torch
 
-    seg, pos = token_layout(cu_padded)
+    _, pos = token_layout(cu_padded)
+    local_cu = (np.asarray(cu_padded, np.int64) // cp_size).tolist()
     held, queries, blocks = [], [], []
     for r in range(cp_size):
         other = None if second_chunk is None else second_chunk(r)
         index = zigzag_index(cu_padded, r, cp_size, other)  # where the rank's tokens come from
-        assumed = zigzag_index(cu_padded, r, cp_size)  # where the kernel believes they are
-        meta = (torch.from_numpy(seg[assumed]), torch.from_numpy(pos[assumed]))
+        assumed = torch.from_numpy(pos[zigzag_index(cu_padded, r, cp_size)])  # kernel's view
         kv = torch.from_numpy(index if kv_perm is None or r not in kv_perm else index[kv_perm[r]])
         held.append(torch.from_numpy(index))
-        queries.append((q[held[-1]], meta))
-        blocks.append((k[kv], v[kv], meta))
+        queries.append((q[held[-1]], assumed))
+        blocks.append((k[kv], v[kv], assumed))
     out = torch.zeros_like(q)
-    for r, (q_r, meta_q) in enumerate(queries):
+    for r, (q_r, pos_q) in enumerate(queries):
         acc = torch.zeros_like(q_r)
         lse = torch.full(q_r.shape[:2], float("-inf"), dtype=q.dtype)
         for step in range(cp_size):  # step s brings the block of rank r - s
-            k_b, v_b, meta_k = blocks[(r - step) % cp_size]
-            acc, lse = _merge(acc, lse, *_partial(q_r, k_b, v_b, meta_q, meta_k))
+            k_b, v_b, pos_k = blocks[(r - step) % cp_size]
+            for a, b in zip(local_cu, local_cu[1:]):  # sample by sample, as varlen kernels go
+                if b == a:
+                    continue
+                part = _partial(q_r[a:b], k_b[a:b], v_b[a:b], pos_q[a:b], pos_k[a:b])
+                acc[a:b], lse[a:b] = _merge(acc[a:b], lse[a:b], *part)
         out[held[r]] = acc
     return out
 
