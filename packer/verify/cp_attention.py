@@ -180,17 +180,13 @@ def chunk_exchange(row: RingRow, cp_size: int, k) -> dict | None:
 
     chunk = np.diff(row.cu_padded) // (2 * cp_size)
     start = np.concatenate([[0], np.cumsum(2 * chunk)])  # each segment's slots on rank 0
-    local = zigzag_index(row.cu_padded, 0, cp_size)
+    local = torch.from_numpy(zigzag_index(row.cu_padded, 0, cp_size))
     for a in range(row.samples):
         for b in range(a + 1, row.samples):
             m = int(min(chunk[a], chunk[b]))
             sa, sb = int(start[a]), int(start[b])
-            ka, kb = (
-                k[torch.from_numpy(local[sa : sa + m])],
-                k[torch.from_numpy(local[sb : sb + m])],
-            )
-            if m and not bool((ka == kb).all()):
-                perm = np.arange(local.size)
+            if m and not torch.equal(k[local[sa : sa + m]], k[local[sb : sb + m]]):
+                perm = np.arange(local.numel())
                 perm[sa : sa + m], perm[sb : sb + m] = perm[sb : sb + m], perm[sa : sa + m].copy()
                 return {"kv_perm": {0: perm}}
     return None
