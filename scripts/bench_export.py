@@ -3,8 +3,9 @@
 Packs the first N samples of the lognormal benchmark dataset (scripts/make_lognormal.py; 1M
 samples, about 450M tokens, by default) once, then for each format runs `packer export` as a
 subprocess (RssAnon sampled every ~20 ms, as bench_memory.py does) and, beside it, the copy
-limit: reading the output's shard files and writing the same number of bytes the export wrote,
-with plain buffered file I/O. The ratio export / copy says what the format's own work costs.
+limit: reading every shard file of the output once and writing the same number of bytes the
+export wrote, with plain buffered file I/O and an fsync at the end (the export's commit syncs
+its files too). The ratio export / copy says what the format's own work costs.
 
     python scripts/bench_export.py                       # 1M samples, 3 runs, median
     python scripts/bench_export.py --samples 200000 --runs 5
@@ -30,22 +31,30 @@ CHUNK = 1 << 24
 
 
 def copy_limit(shards: list[Path], dest: Path, nbytes: int) -> float:
-    """Read the shards and write `nbytes` of what was read (the shards again if the export is
-    larger than they are): the I/O an exporter cannot avoid."""
+    """Read every shard once and write `nbytes` of what was read (cycling over it if the export
+    is larger than the shards), then fsync, as the export's commit does: the I/O that no
+    exporter can avoid."""
+    import os
+
     t = time.perf_counter()
-    written = 0
+    written, kept = 0, []
     with open(dest, "wb") as out:
-        while written < nbytes:
-            for shard in shards:
-                with open(shard, "rb") as fh:
-                    while chunk := fh.read(CHUNK):
-                        chunk = chunk[: nbytes - written]
-                        out.write(chunk)
-                        written += len(chunk)
-                        if written >= nbytes:
-                            break
-                if written >= nbytes:
-                    break
+        for shard in shards:
+            with open(shard, "rb") as fh:
+                while chunk := fh.read(CHUNK):
+                    if written < nbytes:
+                        part = chunk[: nbytes - written]
+                        out.write(part)
+                        written += len(part)
+                        if len(kept) < 4:
+                            kept.append(part)
+        while written < nbytes and kept:  # an export larger than its source
+            for part in kept:
+                part = part[: nbytes - written]
+                out.write(part)
+                written += len(part)
+        out.flush()
+        os.fsync(out.fileno())
     return time.perf_counter() - t
 
 

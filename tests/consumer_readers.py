@@ -41,7 +41,7 @@ def megatron(prefix: str) -> dict:
 
 def mds(directory: str) -> list[dict]:
     base = _streaming_base()
-    ds = base.StreamingDataset(local=directory, shuffle=False, batch_size=1, validate_hash="sha1")
+    ds = base.StreamingDataset(local=directory, shuffle=False, batch_size=1, validate_hash="xxh64")
     return [{k: v.tolist() for k, v in ds[i].items()} for i in range(len(ds))]
 
 
@@ -54,7 +54,7 @@ def mds_write(rows_json: str, directory: str, limit: str) -> None:
     dtypes = {"input_ids": np.uint32, "sample_index": np.int64}
     columns = {name: f"ndarray:{np.dtype(dtypes.get(name, np.int32)).name}" for name in rows[0]}
     with base.MDSWriter(
-        columns=columns, out=directory, hashes=["sha1", "xxh64"], size_limit=int(limit)
+        columns=columns, out=directory, hashes=["xxh64"], size_limit=int(limit)
     ) as writer:
         for row in rows:
             writer.write({k: np.array(v, dtypes.get(k, np.int32)) for k, v in row.items()})

@@ -26,3 +26,32 @@ def first_bad_position_row(pos_off, pos, cu_off, cu):
                 if pos[base + j] != j - start:
                     return r
     return -1
+
+
+@kernel
+def put_bytes(src, src_off, out, dst):
+    """Copy row r's bytes `src[src_off[r]:src_off[r + 1]]` to `out[dst[r]:]`, for every row: the
+    MDS encoder's gather of one column into each row's sample, without a Python loop per row."""
+    for r in range(dst.size):
+        p = dst[r]
+        for j in range(src_off[r], src_off[r + 1]):
+            out[p] = src[j]
+            p += 1
+
+
+@kernel
+def put_shapes(counts, out, dst):
+    """Write MDS's one-dimensional shape prefix of every row at `out[dst[r]:]`: one byte
+    `1 << 2 | code`, then `counts[r]` little-endian in the smallest unsigned width that holds it
+    (code 0..3: 1, 2, 4 or 8 bytes), as streaming's `NDArray` encoding does."""
+    for r in range(dst.size):
+        n = counts[r]
+        code = 0
+        width = 1
+        while width < 8 and n >= (1 << (8 * width)):
+            code += 1
+            width *= 2
+        p = dst[r]
+        out[p] = 4 | code
+        for b in range(width):
+            out[p + 1 + b] = (n >> (8 * b)) & 255

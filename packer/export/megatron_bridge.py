@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.contract.names import IGNORE_INDEX
+from packer.export.hashed_file import HashedFile
 from packer.export.rows import RowBatch
 
 ROW_GROUP = 500  # Bridge's own write_packed_parquet default
@@ -95,6 +96,8 @@ class BridgeWriter:
         self.tmp, self.pack_size = tmp, pack_size
         self.multiple, self.eos_id = multiple, eos_id
         self._writer = None
+        self._file = None
+        self.digests: dict[str, str] = {}  # xxh3_128 of each shard, hashed while written
         self.rows = self.samples = self.tokens = 0
         self.max_seqlen = self.max_per_row = 0
         self.min_row = None
@@ -103,9 +106,8 @@ class BridgeWriter:
         self._close()
         # token ids are near-random over a large vocabulary: dictionary-encoding them costs a
         # third of the write and saves little; the 0/1 loss mask is where it pays
-        self._writer = pq.ParquetWriter(
-            str(self.tmp / f"shard-{number:05d}.idx.parquet"), SCHEMA, use_dictionary=["loss_mask"]
-        )
+        self._file = HashedFile(self.tmp / f"shard-{number:05d}.idx.parquet")
+        self._writer = pq.ParquetWriter(self._file.sink, SCHEMA, use_dictionary=["loss_mask"])
 
     def write(self, batch: RowBatch) -> None:
         if self.multiple > 1:
@@ -138,7 +140,9 @@ class BridgeWriter:
     def _close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            self._writer = None
+            self._file.sink.close()
+            self.digests[self._file.name] = self._file.digest()
+            self._writer = self._file = None
 
     def finish(self) -> dict:
         self._close()

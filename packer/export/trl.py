@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from packer.export.hashed_file import HashedFile
 from packer.export.rows import RowBatch
 
 _LIST_TYPES = {
@@ -45,15 +46,16 @@ class TrlWriter:
     def __init__(self, tmp: Path, shards: int, fingerprint: str):
         self.tmp, self.shards, self.fingerprint = tmp, shards, fingerprint
         self.files: list[str] = []
+        self.digests: dict[str, str] = {}  # xxh3_128 of each file, hashed while written
         self._writer = None
-        self._sink = None
+        self._file = None
 
     def start_shard(self, number: int) -> None:
         self._close_shard()
         name = f"data-{number:05d}-of-{self.shards:05d}.arrow"
         self.files.append(name)
-        self._sink = pa.OSFile(str(self.tmp / name), "wb")
-        self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
+        self._file = HashedFile(self.tmp / name)
+        self._writer = pa.ipc.new_stream(self._file.sink, SCHEMA)
 
     def write(self, batch: RowBatch) -> None:
         table = pa.Table.from_arrays(
@@ -71,8 +73,9 @@ class TrlWriter:
     def _close_shard(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            self._sink.close()
-            self._writer = self._sink = None
+            self._file.sink.close()
+            self.digests[self._file.name] = self._file.digest()
+            self._writer = self._file = None
 
     def finish(self) -> dict:
         self._close_shard()
