@@ -55,6 +55,12 @@ def export_command(
     mds_size_limit: int = typer.Option(
         1 << 26, "--mds-size-limit", help="mds: the largest shard file in bytes."
     ),
+    memory_budget: Optional[str] = typer.Option(
+        None,
+        "--memory-budget",
+        help="Cap on the export's working memory, e.g. 512MiB: rows are taken in batches that "
+        "fit it. [default: min(8GiB, half of available memory)]",
+    ),
     json_out: bool = JSON,
     debug: bool = DEBUG,
 ) -> None:
@@ -72,6 +78,7 @@ def export_command(
             eos_id=eos_id,
             accept=tuple(accept or ()),
             mds_size_limit=mds_size_limit,
+            memory_budget=memory_budget,
         )
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")

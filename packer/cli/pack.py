@@ -255,7 +255,7 @@ def pack(
                 "rejected_column": rejected_column,
             },
         )
-        _check_export_config(export_to, cfg)
+        _check_export_config(export_to, cfg, memory_budget)
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
             result = run_pack(
                 inputs,
@@ -272,7 +272,9 @@ def pack(
         if export_to is not None:
             from packer.export import export
 
-            exported = export(output, export_to, export_dest, overwrite=overwrite)
+            exported = export(
+                output, export_to, export_dest, overwrite=overwrite, memory_budget=memory_budget
+            )
             report["export"] = exported.to_dict()
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
@@ -295,9 +297,14 @@ def pack(
                 )
 
 
-def _check_export_config(export_to: str | None, cfg) -> None:
+def _check_export_config(export_to: str | None, cfg, memory_budget) -> None:
     """Refuse, before packing, an --export that the packed output could not take."""
     from packer.errors import UsageError
+    from packer.export.mds import DEFAULT_SIZE_LIMIT
+    from packer.export.run import batch_tokens
+
+    if export_to is not None:
+        batch_tokens(cfg.max_len, export_to, memory_budget, DEFAULT_SIZE_LIMIT)
 
     if export_to is not None and cfg.pairs:
         raise UsageError(

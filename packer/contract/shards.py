@@ -52,6 +52,32 @@ class ShardArrays:
     def row_slice(self, r: int) -> slice:
         return slice(int(self.ids_off[r]), int(self.ids_off[r + 1]))
 
+    def rows_slice(self, lo: int, hi: int) -> ShardArrays:
+        """Rows lo..hi-1 as a batch of their own (views of the same memory, offsets from 0), so
+        a consumer that must bound its working memory can take a record batch in parts."""
+
+        def part(off: np.ndarray | None, values: np.ndarray | None):
+            if off is None:
+                return None, None
+            a, b = int(off[lo]), int(off[hi])
+            return off[lo : hi + 1] - off[lo], values[a:b]
+
+        cu_real_off, cu_real = part(self.cu_real_off, self.cu_real)
+        return ShardArrays(
+            self.name,
+            hi - lo,
+            *part(self.ids_off, self.ids),
+            *part(self.lab_off, self.labels),
+            *part(self.pos_off, self.pos),
+            *part(self.cu_off, self.cu),
+            *part(self.si_off, self.sample_index),
+            *part(self.so_off, self.sample_offset),
+            self.num_loss[lo:hi],
+            self.first_row + lo,
+            cu_real_off,
+            cu_real,
+        )
+
     def row(self, r: int) -> dict:
         """Row r as numpy arrays (views), for the per-row checks and messages."""
         t = self.row_slice(r)

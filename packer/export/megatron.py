@@ -13,6 +13,7 @@ the same sequences and documents.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -32,8 +33,13 @@ def optimal_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
 
 
+CHUNK = 1 << 22  # index entries per read while the index is assembled (32 MiB of pointers)
+
+
 class MegatronWriter:
-    """`input_ids.bin/.idx` and `labels.bin/.idx`; the indices are written at the end."""
+    """`input_ids.bin/.idx` and `labels.bin/.idx`. The index's sequence lengths and document
+    ends go to two scratch files as rows arrive and are assembled into the indices at the end,
+    a chunk at a time: memory stays that of one batch however many samples there are."""
 
     def __init__(self, tmp: Path, vocab_size: int):
         self.tmp = tmp
@@ -41,10 +47,12 @@ class MegatronWriter:
         self.vocab_size = vocab_size
         self._tokens = open(tmp / "input_ids.bin", "wb")  # noqa: SIM115  closed in finish
         self._labels = open(tmp / "labels.bin", "wb")  # noqa: SIM115  closed in finish
-        self._lengths: list[np.ndarray] = []
         self._hash = {"input_ids.bin": xxhash.xxh3_128(), "labels.bin": xxhash.xxh3_128()}
-        self._docs: list[np.ndarray] = []
-        self._samples = 0
+        self._lengths_path, self._docs_path = tmp / ".lengths.scratch", tmp / ".docs.scratch"
+        self._lengths = open(self._lengths_path, "wb")  # noqa: SIM115  closed in finish
+        self._docs = open(self._docs_path, "wb")  # noqa: SIM115  closed in finish
+        self._docs.write(np.zeros(1, np.int64).tobytes())
+        self._samples = self._doc_count = 0
 
     def start_shard(self, number: int) -> None:
         pass
@@ -56,31 +64,47 @@ class MegatronWriter:
         ):
             fh.write(data)
             self._hash[name].update(data)
-        self._lengths.append(batch.seq_lens.astype(np.int32))
-        self._docs.append(self._samples + batch.seq_off[1:])
+        self._lengths.write(batch.seq_lens.astype(np.int32).tobytes())
+        self._docs.write((self._samples + batch.seq_off[1:]).astype(np.int64).tobytes())
         self._samples += int(batch.seq_off[-1])
+        self._doc_count += batch.rows
 
     def finish(self) -> dict:
-        self._tokens.close()
-        self._labels.close()
-        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int32)
-        docs = np.concatenate([np.zeros(1, np.int64), *self._docs]).astype(np.int64)
-        write_index(self.tmp / "input_ids.idx", self.dtype, lengths, docs)
-        write_index(self.tmp / "labels.idx", np.dtype(np.int32), lengths, docs)
+        for fh in (self._tokens, self._labels, self._lengths, self._docs):
+            fh.close()
+        counts = (self._samples, self._doc_count + 1)
+        for name, dtype in (("input_ids.idx", self.dtype), ("labels.idx", np.dtype(np.int32))):
+            write_index(self.tmp / name, dtype, self._lengths_path, self._docs_path, *counts)
+        self._lengths_path.unlink()
+        self._docs_path.unlink()
         self.digests = {name: h.hexdigest() for name, h in self._hash.items()}
         return {"dtype": self.dtype.name, "vocab_size": self.vocab_size}
 
 
-def write_index(path: Path, dtype: np.dtype, lengths: np.ndarray, docs: np.ndarray) -> None:
-    pointers = np.zeros(lengths.size, dtype=np.int64)
-    if lengths.size:
-        np.cumsum(lengths[:-1].astype(np.int64) * dtype.itemsize, out=pointers[1:])
+def write_index(
+    path: Path, dtype: np.dtype, lengths_path: Path, docs_path: Path, sequences: int, docs: int
+) -> None:
+    """The MMIDIDX index from the scratch files of sequence lengths (int32) and document ends
+    (int64): header, lengths, byte pointers (a running sum of lengths x itemsize), documents."""
     with open(path, "wb") as fh:
         fh.write(HEADER)
         fh.write(struct.pack("<Q", 1))
         fh.write(struct.pack("<B", DTYPE_CODES[dtype]))
-        fh.write(struct.pack("<Q", lengths.size))
-        fh.write(struct.pack("<Q", docs.size))
-        fh.write(lengths.astype(np.int32).tobytes())
-        fh.write(pointers.tobytes())
-        fh.write(docs.tobytes())
+        fh.write(struct.pack("<Q", sequences))
+        fh.write(struct.pack("<Q", docs))
+        for chunk in _chunks(lengths_path, np.int32):
+            fh.write(chunk.tobytes())
+        pointer = 0
+        for chunk in _chunks(lengths_path, np.int32):
+            sizes = chunk.astype(np.int64) * dtype.itemsize
+            ends = np.cumsum(sizes) + pointer
+            fh.write((ends - sizes).tobytes())
+            pointer = int(ends[-1])
+        for chunk in _chunks(docs_path, np.int64):
+            fh.write(chunk.tobytes())
+
+
+def _chunks(path: Path, dtype) -> Iterator[np.ndarray]:
+    with open(path, "rb") as fh:
+        while data := fh.read(CHUNK * np.dtype(dtype).itemsize):
+            yield np.frombuffer(data, dtype=dtype)

@@ -167,6 +167,22 @@ def _without_cp_padding(batch: ShardArrays, n_samples: np.ndarray) -> RowBatch:
     )
 
 
+def row_runs(lengths: np.ndarray, max_tokens: int | None) -> list[tuple[int, int]]:
+    """Consecutive runs [lo, hi) of rows of at most `max_tokens` tokens in all, each holding at
+    least one row; one run of every row when `max_tokens` is None."""
+    rows = lengths.size
+    if max_tokens is None or rows == 0:
+        return [(0, rows)]
+    ends = np.cumsum(lengths)
+    runs, lo = [], 0
+    while lo < rows:
+        base = int(ends[lo - 1]) if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, base + max_tokens, side="right")))
+        runs.append((lo, hi))
+        lo = hi
+    return runs
+
+
 def label_mismatch(batch: RowBatch) -> int | None:
     """The first token (index into `batch.ids`) whose label is neither -100 nor its own id."""
     bad = (batch.labels != IGNORE_INDEX) & (batch.labels != batch.ids)
@@ -201,10 +217,12 @@ class Source:
         except ValueError as exc:
             raise InputError(str(exc), where=str(path)) from None
 
-    def batches_of(self, name: str) -> Iterator[RowBatch]:
-        """The rows of shard `name`, one record batch at a time."""
+    def batches_of(self, name: str, max_tokens: int | None = None) -> Iterator[RowBatch]:
+        """The rows of shard `name`, one record batch at a time, or in runs of consecutive rows
+        of at most `max_tokens` tokens (a longer row alone) when a memory budget asks for it."""
         for part in self._parts(name):
-            yield row_batch(part)
+            for lo, hi in row_runs(np.diff(part.ids_off.astype(np.int64)), max_tokens):
+                yield row_batch(part if (lo, hi) == (0, part.rows) else part.rows_slice(lo, hi))
 
     def max_token_id(self) -> int:
         """The largest input id of the output (a pass over the shards' `input_ids` only)."""

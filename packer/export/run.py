@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packer.arguments import parse_size
 from packer.errors import UsageError, option
 from packer.export import mds, megatron, megatron_bridge, trl
 from packer.export.rows import Source, label_mismatch, open_source, row_of_token
 from packer.hashing import file_digest
+from packer.read.cache import default_budget
 from packer.storage import display, is_url
 from packer.version import __version__
 from packer.write.commit import building, commit, start
@@ -71,6 +73,7 @@ def export(
     eos_id: int | None = None,
     accept: tuple[str, ...] | list[str] = (),
     mds_size_limit: int = mds.DEFAULT_SIZE_LIMIT,
+    memory_budget: int | str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Write the committed packer output in `output` to `dest` in format `to`.
@@ -82,6 +85,8 @@ def export(
     after every batch."""
     started = time.perf_counter()
     source, dest = _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit)
+    max_len = int(source.manifest["config"]["max_len"])
+    max_tokens = batch_tokens(max_len, to, memory_budget, mds_size_limit)
     total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
     cp_size = cp_size_of(source)
     tmp = start(dest)
@@ -90,7 +95,7 @@ def export(
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
         for number, name in enumerate(source.shards):
             writer.start_shard(number)
-            for batch in source.batches_of(name):
+            for batch in source.batches_of(name, max_tokens):
                 if to == "megatron-bridge" and "labels-from-ids" not in accept:
                     _refuse_label_mismatch(batch)
                 if to == "megatron-bridge" and cp_size > 1:
@@ -174,6 +179,29 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
         )
     check_destination(dest, overwrite)
     return source, dest
+
+
+# the export's working memory per token of a batch, at most (measured by scripts/bench_export.py
+# --memory-budget: the row arrays without padding, positions, masks and the encoded output)
+BYTES_PER_TOKEN = 64
+
+
+def batch_tokens(max_len: int, to: str, memory_budget, mds_size_limit: int) -> int:
+    """The most tokens one batch of rows of up to `max_len` tokens may hold under
+    `memory_budget`; refuses a budget below what one row, or one MDS shard
+    held until it is cut, needs."""
+    flag = option("memory_budget", "--memory-budget")
+    budget = default_budget() if memory_budget is None else parse_size(memory_budget, flag)
+    fixed = mds_size_limit if to == "mds" else 0  # the pending MDS shard
+    row_bytes = max_len * BYTES_PER_TOKEN
+    if budget < fixed + row_bytes:
+        need = -(-(fixed + row_bytes) // (1 << 20))
+        held = f" (one row and one {option('mds_size_limit', '--mds-size-limit')} shard)"
+        raise UsageError(
+            f"{flag} {memory_budget} is below the {need} MiB this export needs"
+            + (held if fixed else " for one row")
+        )
+    return (budget - fixed) // BYTES_PER_TOKEN
 
 
 def check_destination(dest: Path, overwrite: bool) -> None:
