@@ -127,3 +127,59 @@ def test_pack_export_refuses_a_budget_before_packing(tmp_path, runner):
     )
     assert r.exit_code == 2 and "--memory-budget" in r.output, r.output
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """An output of several shards, and one whose shards hold, here and there, a label that is
+    not its input id."""
+    root = tmp_path_factory.mktemp("export-shards")
+    samples = make_samples(200, seed=5, median=40)
+    src = write_jsonl(root / "in.jsonl", samples)
+    out = root / "packed"
+    packer.pack([src], out, packer.PackConfig(max_len=L, shard_rows=4, overlength="drop"))
+    bad = root / "bad"
+    labels = [list(s.get("labels", s["input_ids"])) for s in samples]
+    for s, lab in zip(samples, labels, strict=True):
+        s["labels"] = lab
+    for s in samples[60::50]:
+        s["labels"][-1] = s["input_ids"][-1] + 1
+    packer.pack(
+        [write_jsonl(root / "bad.jsonl", samples)],
+        bad,
+        packer.PackConfig(max_len=L, shard_rows=4, overlength="drop"),
+    )
+    return out, bad
+
+
+@pytest.mark.parametrize("fmt", ["trl", "megatron-bridge"])
+def test_shards_written_two_at_a_time_equal_one_at_a_time(sharded, tmp_path, monkeypatch, fmt):
+    out, _ = sharded
+    assert len(json.loads((out / "manifest.json").read_text())["shards"]) > 3
+    seen = []
+    two = export(out, fmt, tmp_path / "two", progress=lambda d, t: seen.append(d))
+    assert seen == sorted(seen) and seen[-1] == two.rows  # rows done, never counted twice
+    monkeypatch.setattr(run_module, "THREADS", 1)
+    one = export(out, fmt, tmp_path / "one")
+    names = sorted(p.name for p in one.dest.iterdir())
+    assert names == sorted(p.name for p in two.dest.iterdir())
+    for name in names:
+        if name != EXPORT_MANIFEST:
+            assert (one.dest / name).read_bytes() == (two.dest / name).read_bytes(), name
+    assert one.to_dict()["files"] == two.to_dict()["files"]
+    assert one.details == two.details
+
+
+def test_a_refused_shard_is_named_as_a_serial_run_names_it(sharded, tmp_path):
+    _, bad = sharded
+    first = None
+    for entry in json.loads((bad / "manifest.json").read_text())["shards"]:
+        rows = pa.ipc.open_stream(pa.OSFile(str(bad / entry["file"]))).read_all().to_pylist()
+        if any(lab not in (-100, i) for r in rows for i, lab in zip(r["input_ids"], r["labels"])):
+            first = first or entry["file"]
+    assert first is not None and first != entry["file"]  # later shards are written beside it
+    dest = tmp_path / "bridge"
+    with pytest.raises(UsageError, match="differs from its input id") as caught:
+        export(bad, "megatron-bridge", dest)
+    assert caught.value.where == first
+    assert not dest.exists() and not [p for p in tmp_path.iterdir() if p.name != "bridge"]

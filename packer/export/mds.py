@@ -120,8 +120,14 @@ class MdsWriter:
         self._sizes: list[np.ndarray] = []
         self._size = self._empty = 8 + len(self.config_data)
 
-    def start_shard(self, number: int) -> None:
-        pass  # MDS shards are cut by size, not by packer's shards
+    PARALLEL = False  # one stream of rows, in order: shards are cut by size
+
+    def shard(self, number: int) -> MdsWriter:
+        """The writer itself: MDS shards are cut by size, not by packer's shards."""
+        return self
+
+    def close(self) -> None:
+        pass
 
     def write(self, batch: RowBatch) -> None:
         """Encode the batch at once, then cut it where `MDSWriter` would close a shard: before

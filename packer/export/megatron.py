@@ -54,7 +54,13 @@ class MegatronWriter:
         self._docs.write(np.zeros(1, np.int64).tobytes())
         self._samples = self._doc_count = 0
 
-    def start_shard(self, number: int) -> None:
+    PARALLEL = False  # one stream of rows, in order
+
+    def shard(self, number: int) -> MegatronWriter:
+        """The writer itself: every packer shard goes to the same two files."""
+        return self
+
+    def close(self) -> None:
         pass
 
     def write(self, batch: RowBatch) -> None:

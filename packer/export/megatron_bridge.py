@@ -86,28 +86,21 @@ def first_loss_after_eos_tail(batch: RowBatch, eos_id: int) -> int | None:
     return int(np.argmax(bad)) if bad.any() else None
 
 
-class BridgeWriter:
-    """One `shard-NNNNN.idx.parquet` per source shard and `packing_metadata.json`.
+class BridgeShard:
+    """One `shard-NNNNN.idx.parquet`, with the statistics its rows add to the metadata."""
 
-    `multiple` > 1 (a `--cp-size` output: 2 x cp_size) stores rows as Bridge's own packer does
-    with `pad_seq_to_mult`, padded with `eos_id`."""
-
-    def __init__(self, tmp: Path, pack_size: int, multiple: int = 1, eos_id: int | None = None):
-        self.tmp, self.pack_size = tmp, pack_size
+    def __init__(self, path: Path, multiple: int, eos_id: int | None):
         self.multiple, self.eos_id = multiple, eos_id
-        self._writer = None
-        self._file = None
-        self.digests: dict[str, str] = {}  # xxh3_128 of each shard, hashed while written
+        self.file = HashedFile(path)
+        # token ids are near-random over a large vocabulary: dictionary-encoding them costs a
+        # third of the write and saves little; the 0/1 loss mask is where it pays. Bridge reads
+        # whole row groups and never filters on column statistics, which cost a third more.
+        self._writer = pq.ParquetWriter(
+            self.file.sink, SCHEMA, use_dictionary=["loss_mask"], write_statistics=False
+        )
         self.rows = self.samples = self.tokens = 0
         self.max_seqlen = self.max_per_row = 0
-        self.min_row = None
-
-    def start_shard(self, number: int) -> None:
-        self._close()
-        # token ids are near-random over a large vocabulary: dictionary-encoding them costs a
-        # third of the write and saves little; the 0/1 loss mask is where it pays
-        self._file = HashedFile(self.tmp / f"shard-{number:05d}.idx.parquet")
-        self._writer = pq.ParquetWriter(self._file.sink, SCHEMA, use_dictionary=["loss_mask"])
+        self.min_row: int | None = None
 
     def write(self, batch: RowBatch) -> None:
         if self.multiple > 1:
@@ -137,23 +130,50 @@ class BridgeWriter:
             low = int(lens.min())
             self.min_row = low if self.min_row is None else min(self.min_row, low)
 
-    def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._file.sink.close()
-            self.digests[self._file.name] = self._file.digest()
-            self._writer = self._file = None
+    def close(self) -> None:
+        self._writer.close()
+        self.file.sink.close()
+
+
+class BridgeWriter:
+    """One `shard-NNNNN.idx.parquet` per source shard and `packing_metadata.json`.
+
+    `multiple` > 1 (a `--cp-size` output: 2 x cp_size) stores rows as Bridge's own packer does
+    with `pad_seq_to_mult`, padded with `eos_id`. Shards are independent files, so two may be
+    written at once (`PARALLEL`)."""
+
+    PARALLEL = True
+
+    def __init__(self, tmp: Path, pack_size: int, multiple: int = 1, eos_id: int | None = None):
+        self.tmp, self.pack_size = tmp, pack_size
+        self.multiple, self.eos_id = multiple, eos_id
+        self._shards: dict[int, BridgeShard] = {}
+
+    def shard(self, number: int) -> BridgeShard:
+        shard = BridgeShard(
+            self.tmp / f"shard-{number:05d}.idx.parquet", self.multiple, self.eos_id
+        )
+        self._shards[number] = shard
+        return shard
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """xxh3_128 of each shard, hashed while written."""
+        return {s.file.name: s.file.digest() for s in self._shards.values()}
 
     def finish(self) -> dict:
-        self._close()
-        rows = max(self.rows, 1)
+        shards = [self._shards[n] for n in sorted(self._shards)]
+        rows = sum(s.rows for s in shards)
+        lows = [s.min_row for s in shards if s.min_row is not None]
         metadata = {
-            "dataset_max_seqlen": self.max_seqlen,
-            "max_samples_per_bin": self.max_per_row,
-            "min_packed_seqlen": self.min_row or 0,
+            "dataset_max_seqlen": max((s.max_seqlen for s in shards), default=0),
+            "max_samples_per_bin": max((s.max_per_row for s in shards), default=0),
+            "min_packed_seqlen": min(lows, default=0),
             "pack_size": self.pack_size,
-            "packing_factor": round(self.samples / rows, 2),
-            "packing_efficiency": round(self.tokens / rows / self.pack_size * 100, 2),
+            "packing_factor": round(sum(s.samples for s in shards) / max(rows, 1), 2),
+            "packing_efficiency": round(
+                sum(s.tokens for s in shards) / max(rows, 1) / self.pack_size * 100, 2
+            ),
         }
         if self.multiple > 1:  # what the recipe's packed_sequence_specs must say
             metadata["pad_seq_to_mult"] = self.multiple

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,8 +83,10 @@ def export(
     `to` is one of FORMATS. `vocab_size` picks Megatron's token dtype (default: the largest
     id + 1); `eos_id` is recorded for Megatron-Bridge, whose collator pads with it; `accept`
     lists the losses the user accepts (`labels-from-ids`: train on the next input id where a
-    label differs from it, for Megatron-Bridge). `progress(rows_done, rows_total)` is called
-    after every batch."""
+    label differs from it, for Megatron-Bridge). `memory_budget` (bytes or a size such as
+    "512MiB"; default min(8 GiB, half the available memory)) caps the working memory: record
+    batches are taken in runs of rows that fit it. `progress(rows_done, rows_total)` is called
+    after every batch, from the writing threads one at a time."""
     started = time.perf_counter()
     source, dest = _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit)
     max_len = int(source.manifest["config"]["max_len"])
@@ -93,19 +97,12 @@ def export(
     result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, cp_size))
     with building(tmp, dest):
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
-        for number, name in enumerate(source.shards):
-            writer.start_shard(number)
-            for batch in source.batches_of(name, max_tokens):
-                if to == "megatron-bridge" and "labels-from-ids" not in accept:
-                    _refuse_label_mismatch(batch)
-                if to == "megatron-bridge" and cp_size > 1:
-                    _refuse_loss_in_eos_tail(batch, eos_id)
-                writer.write(batch)
-                result.rows += batch.rows
-                result.samples += int(batch.seq_off[-1])
-                result.tokens += int(batch.ids.size)
-                if progress is not None:
-                    progress(result.rows, total_rows)
+        check = _checks(to, accept, cp_size_of(source), eos_id)
+        counts = _write_shards(writer, source, check, max_tokens, progress, total_rows)
+        for rows, samples, tokens in counts:
+            result.rows += rows
+            result.samples += samples
+            result.tokens += tokens
         result.details = writer.finish()
         if eos_id is not None:
             result.details["eos_id"] = eos_id
@@ -137,6 +134,53 @@ def export(
         commit(tmp, dest, overwrite=overwrite)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _checks(to: str, accept, cp_size: int, eos_id) -> Callable:
+    """What every batch must pass before the format takes it (raises UsageError)."""
+
+    def check(batch) -> None:
+        if to == "megatron-bridge" and "labels-from-ids" not in accept:
+            _refuse_label_mismatch(batch)
+        if to == "megatron-bridge" and cp_size > 1:
+            _refuse_loss_in_eos_tail(batch, eos_id)
+
+    return check
+
+
+def _write_shards(writer, source: Source, check, max_tokens: int, progress, total_rows: int):
+    """Each source shard through `writer`, two at a time where its shards are separate files;
+    the (rows, samples, tokens) of each shard, in shard order."""
+    threads = min(THREADS, len(source.shards)) if writer.PARALLEL else 1
+    lock, done = threading.Lock(), [0]
+
+    def one_shard(number: int) -> tuple[int, int, int]:
+        shard = writer.shard(number)
+        rows = samples = tokens = 0
+        try:
+            for batch in source.batches_of(source.shards[number], max_tokens // threads):
+                check(batch)
+                shard.write(batch)
+                rows += batch.rows
+                samples += int(batch.seq_off[-1])
+                tokens += int(batch.ids.size)
+                if progress is not None:
+                    with lock:
+                        done[0] += batch.rows
+                        progress(done[0], total_rows)
+        finally:
+            shard.close()
+        return rows, samples, tokens
+
+    numbers = range(len(source.shards))
+    if threads == 1:
+        return [one_shard(n) for n in numbers]
+    with ThreadPoolExecutor(threads, thread_name_prefix="packer-export") as pool:
+        try:  # in shard order: the first failing shard is the one a serial run names
+            return list(pool.map(one_shard, numbers))
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit):
@@ -181,6 +225,10 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
     return source, dest
 
 
+# shards of a format whose shards are separate files (TRL, Megatron-Bridge) written at once:
+# Arrow and Parquet encoding release the GIL, so two threads keep both cores of a small machine
+# busy; each takes half the memory budget
+THREADS = 2
 # the export's working memory per token of a batch, at most (measured by scripts/bench_export.py
 # --memory-budget: the row arrays without padding, positions, masks and the encoded output)
 BYTES_PER_TOKEN = 64

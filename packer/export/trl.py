@@ -39,23 +39,12 @@ def _list(offsets, values, arrow_type) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, arrow_type))
 
 
-class TrlWriter:
-    """One `data-XXXXX-of-NNNNN.arrow` per source shard, then `state.json` and
-    `dataset_info.json`."""
+class TrlShard:
+    """One `data-XXXXX-of-NNNNN.arrow`: an Arrow IPC stream, as `save_to_disk` writes it."""
 
-    def __init__(self, tmp: Path, shards: int, fingerprint: str):
-        self.tmp, self.shards, self.fingerprint = tmp, shards, fingerprint
-        self.files: list[str] = []
-        self.digests: dict[str, str] = {}  # xxh3_128 of each file, hashed while written
-        self._writer = None
-        self._file = None
-
-    def start_shard(self, number: int) -> None:
-        self._close_shard()
-        name = f"data-{number:05d}-of-{self.shards:05d}.arrow"
-        self.files.append(name)
-        self._file = HashedFile(self.tmp / name)
-        self._writer = pa.ipc.new_stream(self._file.sink, SCHEMA)
+    def __init__(self, path: Path):
+        self.file = HashedFile(path)
+        self._writer = pa.ipc.new_stream(self.file.sink, SCHEMA)
 
     def write(self, batch: RowBatch) -> None:
         table = pa.Table.from_arrays(
@@ -70,15 +59,33 @@ class TrlWriter:
         )
         self._writer.write_table(table)
 
-    def _close_shard(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._file.sink.close()
-            self.digests[self._file.name] = self._file.digest()
-            self._writer = self._file = None
+    def close(self) -> None:
+        self._writer.close()
+        self.file.sink.close()
+
+
+class TrlWriter:
+    """One `data-XXXXX-of-NNNNN.arrow` per source shard, then `state.json` and
+    `dataset_info.json`. Shards are independent files, so two may be written at once."""
+
+    PARALLEL = True
+
+    def __init__(self, tmp: Path, shards: int, fingerprint: str):
+        self.tmp, self.shards, self.fingerprint = tmp, shards, fingerprint
+        self.files = [f"data-{n:05d}-of-{shards:05d}.arrow" for n in range(shards)]
+        self._open: dict[int, TrlShard] = {}
+
+    def shard(self, number: int) -> TrlShard:
+        shard = TrlShard(self.tmp / self.files[number])
+        self._open[number] = shard
+        return shard
+
+    @property
+    def digests(self) -> dict[str, str]:
+        """xxh3_128 of each file, hashed while written."""
+        return {s.file.name: s.file.digest() for s in self._open.values()}
 
     def finish(self) -> dict:
-        self._close_shard()
         state = {
             "_data_files": [{"filename": name} for name in self.files],
             "_fingerprint": self.fingerprint,
