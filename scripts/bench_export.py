@@ -9,6 +9,7 @@ its files too). The ratio export / copy says what the format's own work costs.
 
     python scripts/bench_export.py                       # 1M samples, 3 runs, median
     python scripts/bench_export.py --samples 200000 --runs 5
+    python scripts/bench_export.py --memory-budget 256MiB   # peak memory under a budget
 """
 
 from __future__ import annotations
@@ -77,6 +78,9 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--data-dir", default=str(ROOT / "bench-data"))
+    parser.add_argument(
+        "--memory-budget", default=None, help="passed to packer export (default: its own)"
+    )
     args = parser.parse_args()
 
     import pyarrow.parquet as pq
@@ -122,8 +126,9 @@ def main() -> None:
             for _ in range(args.runs):
                 dest = work / fmt
                 drop_cache(shards)
+                budget = ["--memory-budget", args.memory_budget] if args.memory_budget else []
                 dt, peak, report = run(
-                    [PACKER, "export", str(packed), "--to", fmt, "-o", str(dest), "--json"]
+                    [PACKER, "export", str(packed), "--to", fmt, "-o", str(dest), "--json", *budget]
                 )
                 out_bytes = sum(f["bytes"] for f in report["files"])
                 shutil.rmtree(dest)
@@ -137,7 +142,7 @@ def main() -> None:
         print(
             f"packer export: {manifest['stats']['samples_in']:,} samples, "
             f"{manifest['stats']['rows']:,} rows of L={args.max_len}, shards {in_bytes / 2**30:.2f} GiB; "
-            f"median of {args.runs} runs\n"
+            f"--memory-budget {args.memory_budget or 'default'}; median of {args.runs} runs\n"
         )
         print("| format | written | export s | copy limit s | ratio | peak RssAnon |")
         print("|---|---|---|---|---|---|")
