@@ -58,7 +58,7 @@ def packer(args: list, cache: Path, script: str | None = None) -> subprocess.Com
     )
 
 
-def test_after_warmup_pack_compiles_nothing(tmp_path):
+def test_after_warmup_pack_and_export_compile_nothing(tmp_path):
     cache = tmp_path / "jit"
     data = write_jsonl(tmp_path / "d.jsonl.gz", make_samples(300), compress="gzip")
     warm = packer(["warmup"], cache)
@@ -74,6 +74,15 @@ def test_after_warmup_pack_compiles_nothing(tmp_path):
         run = packer(["pack", data, "-o", tmp_path / "out", "--overwrite", *extra], cache, COMPILES)
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip().splitlines()[-1] == "compiled:"
+
+    for fmt in ("mds", "trl", "megatron", "megatron-bridge"):  # the padded output and not
+        for out in (tmp_path / "out", tmp_path / "unpadded"):
+            if not out.exists():
+                packer(["pack", data, "-o", out, "-L", 512, "--overlength", "split"], cache)
+            dest = tmp_path / f"{out.name}-{fmt}"
+            run = packer(["export", out, "--to", fmt, "-o", dest], cache, COMPILES)
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.strip().splitlines()[-1] == "compiled:", (fmt, run.stdout)
 
     again = packer(["warmup", "--json"], cache)
     assert again.returncode == 0, again.stderr

@@ -17,6 +17,7 @@ def warmup_command(json_out: bool = JSON, debug: bool = DEBUG) -> None:
 
     The cache is NUMBA_CACHE_DIR when set, else __pycache__ next to packer's modules."""
     from packer.cli.render import stderr
+    from packer.export import export
     from packer.pipelines.pack import pack
     from packer.pipelines.warmup import compiled_during, warm_steps
     from packer.verify import verify
@@ -24,7 +25,7 @@ def warmup_command(json_out: bool = JSON, debug: bool = DEBUG) -> None:
     with user_errors(debug):
         t0 = time.perf_counter()
         steps = []
-        for name, step in warm_steps(pack, verify):
+        for name, step in warm_steps(pack, verify, export):
             t = time.perf_counter()
             kernels = compiled_during(step)
             steps.append({"step": name, "seconds": time.perf_counter() - t, "compiled": kernels})

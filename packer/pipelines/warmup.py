@@ -78,9 +78,32 @@ def warm_verify(pack: Callable, verify: Callable) -> None:
         verify(out, [data], attention=False)
 
 
-def warm_steps(pack: Callable, verify: Callable) -> list[tuple[str, Callable[[], None]]]:
+def warm_export(pack: Callable, export: Callable) -> None:
+    """`export` of two tiny outputs, without and with a `--pad` tail (a padded row's tokens are
+    copied, the others read from the mapped shard: two argument types), to MDS, whose encoder
+    runs every export kernel. `export` is `packer.export`, which lives above the pipelines."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from packer.config import PackConfig
+
+    with tempfile.TemporaryDirectory(prefix="packer-warmup-") as tmp:
+        data = Path(tmp) / "warmup.jsonl"
+        rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}]
+        data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for pad in (False, True):
+            out = Path(tmp) / f"out-{pad}"
+            pack([data], out, PackConfig(max_len=8, pad=pad), workers=1)
+            export(out, "mds", Path(tmp) / f"mds-{pad}")
+
+
+def warm_steps(
+    pack: Callable, verify: Callable, export: Callable | None = None
+) -> list[tuple[str, Callable[[], None]]]:
     """What `packer warmup` runs: every kernel, with the argument types packer passes it;
-    `pack` and `verify` are `packer.pack` and `packer.verify.verify` (see `warm_verify`)."""
+    `pack`, `verify` and `export` are `packer.pack`, `packer.verify.verify` and
+    `packer.export` (see `warm_verify`, `warm_export`)."""
     from packer.planning.choices import STRATEGIES
 
     steps = [(f"plan {name}", lambda name=name: warm_plan(name)) for name in STRATEGIES]
@@ -88,7 +111,10 @@ def warm_steps(pack: Callable, verify: Callable) -> list[tuple[str, Callable[[],
         (f"plan {name} (int32 lengths)", lambda name=name: warm_plan(name, np.int32))
         for name in STRATEGIES
     ]
-    return steps + [("gather", warm_gather), ("pack + verify", lambda: warm_verify(pack, verify))]
+    steps += [("gather", warm_gather), ("pack + verify", lambda: warm_verify(pack, verify))]
+    if export is not None:
+        steps.append(("export", lambda: warm_export(pack, export)))
+    return steps
 
 
 def compiled_during(fn: Callable[[], None]) -> list[tuple[str, float]]:
