@@ -53,11 +53,13 @@ def _pieces(fmt: str, path) -> int:
 def test_a_small_budget_exports_the_same_rows(packed, tmp_path, monkeypatch, fmt):
     extra = {"eos_id": 0} if fmt == "megatron-bridge" else {}
     whole = export(packed, fmt, tmp_path / "whole", **extra)
-    # 1 MiB at 4 KiB a token: runs of at most 256 tokens, one row of L = 256 each
-    monkeypatch.setattr(run_module, "BYTES_PER_TOKEN", 4096)
+    # 2.2 MiB at 4 KiB a token: runs of at most 281 tokens (one row of L = 256) per thread
+    monkeypatch.setitem(
+        run_module.BYTES_PER_TOKEN, fmt, 2048 if fmt in ("mds", "megatron") else 4096
+    )
     monkeypatch.setattr(megatron_module, "CHUNK", 3)  # the index assembled 3 entries at a time
     limit = {"mds_size_limit": 1 << 16} if fmt == "mds" else {}
-    cut = export(packed, fmt, tmp_path / "cut", memory_budget="1.1MiB", **extra, **limit)
+    cut = export(packed, fmt, tmp_path / "cut", memory_budget="2.2MiB", **extra, **limit)
     if fmt == "mds":  # the same rows as the whole batches give, at the same size limit
         whole = export(packed, fmt, tmp_path / "whole-limit", **extra, **limit)
     assert (cut.rows, cut.samples, cut.tokens) == (whole.rows, whole.samples, whole.tokens)

@@ -31,6 +31,12 @@ from packer.write.commit import building, commit, start
 FORMATS = ("megatron-bridge", "megatron", "mds", "trl")
 EXPORT_MANIFEST = "packer_export.json"
 ACCEPTS = ("labels-from-ids",)  # what a user may accept that changes training
+_WRITERS = {
+    "megatron-bridge": megatron_bridge.BridgeWriter,
+    "megatron": megatron.MegatronWriter,
+    "mds": mds.MdsWriter,
+    "trl": trl.TrlWriter,
+}
 _NOTES = {
     "megatron-bridge": megatron_bridge.NOTES,
     "megatron": megatron.NOTES,
@@ -158,7 +164,7 @@ def _write_shards(writer, source: Source, check, max_tokens: int, progress, tota
         shard = writer.shard(number)
         rows = samples = tokens = 0
         try:
-            for batch in source.batches_of(source.shards[number], max_tokens // threads):
+            for batch in source.batches_of(source.shards[number], max_tokens):
                 check(batch)
                 shard.write(batch)
                 rows += batch.rows
@@ -229,27 +235,35 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
 # Arrow and Parquet encoding release the GIL, so two threads keep both cores of a small machine
 # busy; each takes half the memory budget
 THREADS = 2
-# the export's working memory per token of a batch, at most (measured by scripts/bench_export.py
-# --memory-budget: the row arrays without padding, positions, masks and the encoded output)
-BYTES_PER_TOKEN = 64
+# the export's working memory per token in flight (one batch per writing thread), beyond the
+# ~100 MiB that the interpreter and its libraries take: measured as peak RssAnon less that base
+# (scripts/bench_export.py --memory-budget). Parquet's encoder is the hungriest: levels, pages,
+# their compression and the allocator's cache.
+BYTES_PER_TOKEN = {"megatron-bridge": 144, "megatron": 48, "mds": 64, "trl": 48}
+PARQUET_WRITER = 24 << 20  # per thread: its buffers and row-group metadata, whatever the batch
 
 
 def batch_tokens(max_len: int, to: str, memory_budget, mds_size_limit: int) -> int:
-    """The most tokens one batch of rows of up to `max_len` tokens may hold under
-    `memory_budget`; refuses a budget below what one row, or one MDS shard
-    held until it is cut, needs."""
+    """The most tokens one batch may hold under `memory_budget` (each writing thread has one
+    in flight); refuses a budget below what one row per thread, plus the MDS shard held until
+    it is cut, needs."""
     flag = option("memory_budget", "--memory-budget")
     budget = default_budget() if memory_budget is None else parse_size(memory_budget, flag)
-    fixed = mds_size_limit if to == "mds" else 0  # the pending MDS shard
-    row_bytes = max_len * BYTES_PER_TOKEN
+    threads = THREADS if _WRITERS[to].PARALLEL else 1
+    # the pending MDS shard; a Parquet writer's own buffers, whatever the batch
+    fixed = mds_size_limit if to == "mds" else PARQUET_WRITER * threads * (to == "megatron-bridge")
+    row_bytes = max_len * BYTES_PER_TOKEN[to] * threads
     if budget < fixed + row_bytes:
         need = -(-(fixed + row_bytes) // (1 << 20))
-        held = f" (one row and one {option('mds_size_limit', '--mds-size-limit')} shard)"
+        held = f" (a row of {max_len} tokens and one {option('mds_size_limit', '--mds-size-limit')} shard)"
+        rows = f" for a row of {max_len} tokens" + (
+            f" in each of {threads} threads" if threads > 1 else ""
+        )
         raise UsageError(
             f"{flag} {memory_budget} is below the {need} MiB this export needs"
-            + (held if fixed else " for one row")
+            + (held if to == "mds" else rows)
         )
-    return (budget - fixed) // BYTES_PER_TOKEN
+    return (budget - fixed) // (BYTES_PER_TOKEN[to] * threads)
 
 
 def check_destination(dest: Path, overwrite: bool) -> None:
