@@ -57,6 +57,7 @@ def test_a_small_budget_exports_the_same_rows(packed, tmp_path, monkeypatch, fmt
     monkeypatch.setitem(
         run_module.BYTES_PER_TOKEN, fmt, 2048 if fmt in ("mds", "megatron") else 4096
     )
+    monkeypatch.setattr(run_module, "PARQUET_WRITER", 0)
     monkeypatch.setattr(megatron_module, "CHUNK", 3)  # the index assembled 3 entries at a time
     limit = {"mds_size_limit": 1 << 16} if fmt == "mds" else {}
     cut = export(packed, fmt, tmp_path / "cut", memory_budget="2.2MiB", **extra, **limit)
