@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=4096)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--data-dir", default=str(ROOT / "bench-data"))
+    parser.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     parser.add_argument(
         "--memory-budget", default=None, help="passed to packer export (default: its own)"
     )
@@ -121,7 +122,7 @@ def main() -> None:
         shards = [packed / s["file"] for s in manifest["shards"]]
         in_bytes = sum(p.stat().st_size for p in shards)
         lines = []
-        for fmt in FORMATS:
+        for fmt in args.formats:
             times, copies, peaks, out_bytes = [], [], [], 0
             for _ in range(args.runs):
                 dest = work / fmt
