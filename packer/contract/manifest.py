@@ -3,24 +3,86 @@
 `read_manifest` checks the fields that verify, repack and inspect rely on and fails in one line
 that names the file; `packer_manifest` is the lenient test the readers use to recognise an output
 among their inputs (a manifest that is broken still marks its directory as packer's).
+
+The manifest is the commit: a directory without one is never read. `no_manifest` says which of
+two things it is, in one line every reader shares: a run's leftovers (`has_leftovers`: an output
+that is incomplete, killed or still being written, as `packer.contract.remote.incomplete` says of
+a store's prefix) or no packer output at all.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from packer.contract.names import MANIFEST, POLICIES
-from packer.errors import UsageError
+from packer.contract.names import BLOCK_WORK, MANIFEST, POLICIES, SHARD_PREFIX, TMP_MARK, WORK_MARKS
+from packer.errors import InputError, PackerError, UsageError, option
 
 
 def read_manifest(output_dir: Path) -> dict:
     path = Path(output_dir) / MANIFEST
-    if not Path(output_dir).is_dir():
-        raise UsageError("not a directory", where=str(output_dir))
     if not path.is_file():
-        raise UsageError("no manifest.json: not a packer output", where=str(output_dir))
+        raise no_manifest(Path(output_dir))
     return parse_manifest(path.read_bytes(), path)
+
+
+def incomplete_output(where: str) -> InputError:
+    """The one line for an output a run has begun and not committed, locally as on a store."""
+    return InputError(
+        "incomplete packer output: no manifest.json (a run that did not finish, or is still "
+        f"running; resume it with {option('resume=True', '--resume')}, or rerun it)",
+        where=where,
+    )
+
+
+def has_leftovers(directory: Path) -> bool:
+    """Whether `directory`, which has no manifest, holds a run's files: it is a run's hidden
+    temporary output, or it holds shards or a block run's work directory, or a run to it has
+    its hidden temporary output beside it (a run killed, or still writing)."""
+    name = directory.name
+    if name.startswith(".") and any(mark in name for mark in WORK_MARKS):
+        return directory.is_dir()
+    try:
+        with os.scandir(directory) as entries:
+            names = sorted(entry.name for entry in entries)
+    except OSError:
+        names = []
+    if BLOCK_WORK in names:
+        return True
+    shards = [n for n in names if n.startswith(SHARD_PREFIX) and n.endswith(".arrow")]
+    if shards and _is_shard(directory / shards[0]):
+        return True
+    absolute = Path(os.path.abspath(directory))  # `.` has a name, and a parent to look in
+    beside = f".{absolute.name}{TMP_MARK}"
+    try:
+        with os.scandir(absolute.parent) as entries:
+            return any(entry.name.startswith(beside) for entry in entries)
+    except OSError:
+        return False
+
+
+def _is_shard(path: Path) -> bool:
+    """Whether a file named like a shard has the packed-row columns (a user's own data may be
+    called `shard-00000.arrow` too); its schema only is read."""
+    import pyarrow as pa
+
+    from packer.contract.schema import PACKED_MARKERS
+
+    try:
+        with pa.memory_map(str(path)) as source:  # a shard is an IPC stream
+            return set(pa.ipc.open_stream(source).schema.names) >= PACKED_MARKERS
+    except (pa.ArrowInvalid, OSError):
+        return False
+
+
+def no_manifest(directory: Path) -> PackerError:
+    """Why a reader cannot read `directory`, which has no manifest.json, in one line."""
+    if has_leftovers(directory):
+        return incomplete_output(str(directory))
+    if not directory.is_dir():
+        return UsageError("not a directory", where=str(directory))
+    return UsageError("no manifest.json: not a packer output", where=str(directory))
 
 
 def parse_manifest(data: bytes, path: Path) -> dict:

@@ -11,6 +11,9 @@ SPLIT_LABELS = "split_labels.jsonl"
 TMP_MARK = ".packer-tmp-"
 OLD_MARK = ".packer-old-"
 WORK_MARKS = (TMP_MARK, OLD_MARK)
+# Inside a block run's temporary output: its spill files, completion records and task directories.
+BLOCK_WORK = ".blocks"
+SHARD_PREFIX = "shard-"  # every shard's file name: shard-00000.arrow, shard-b00012-000.arrow
 # A label that is no target: the first token of a split continuation, masked prompt tokens.
 IGNORE_INDEX = -100
 # What to do with a sample longer than max_len; the manifest's config.overlength is one of them.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.contract.manifest import packer_manifest
+from packer.contract.manifest import has_leftovers, packer_manifest
 from packer.contract.names import WORK_MARKS
 from packer.contract.schema import PACKED_MARKERS
 from packer.errors import UsageError, option
@@ -29,6 +29,12 @@ class PackedInputError(UsageError):
 
 def is_packer_output(directory: Path) -> bool:
     return packer_manifest(directory) is not None
+
+
+def is_incomplete_output(directory: Path) -> bool:
+    """A run's output that has no manifest yet (killed, or still being written): its shards
+    are packed rows, and its spill files half of a block's samples, never input."""
+    return not is_packer_output(directory) and has_leftovers(directory)
 
 
 def is_work_dir(directory: Path) -> bool:

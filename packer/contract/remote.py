@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from packer import storage
-from packer.contract.manifest import parse_manifest
+from packer.contract.manifest import incomplete_output, parse_manifest
 from packer.contract.names import MANIFEST
 from packer.errors import InputError, UsageError
 from packer.storage.progress import meter
@@ -63,16 +63,23 @@ def read_remote_manifest(url: Url) -> tuple[dict, bytes] | None:
 
 
 def incomplete(url: Url) -> InputError:
-    """The one line for a prefix without a manifest (a run that did not finish, or nothing)."""
+    """The one line for a prefix without a manifest: a run's files there (a run that did not
+    finish, or is still running: `incomplete_output`), other objects only, or nothing."""
     store = storage.store_for(url)
-    if store.walk(url.path):
-        return InputError(
-            "incomplete: no manifest.json (a run that did not finish, or not a packer output)",
-            where=redact(str(url)),
-        )
+    entries = store.walk(url.path)
+    if any(has_run_file(url, e.path) for e in entries):
+        return incomplete_output(redact(str(url)))
+    if entries:
+        return InputError("no manifest.json: not a packer output", where=redact(str(url)))
     return InputError(
         "no packer output here (no manifest.json, no objects)", where=redact(str(url))
     )
+
+
+def has_run_file(url: Url, path: str) -> bool:
+    """Whether the object at `path` is a run's file of the output at `url` (directly in it)."""
+    directory, _, name = path.rpartition("/")
+    return directory == url.path.rstrip("/") and is_run_file(name)
 
 
 def cache_root() -> Path:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from packer import hashing, storage
 from packer.config import PackConfig
-from packer.contract.names import TMP_MARK
+from packer.contract.names import BLOCK_WORK, TMP_MARK
 from packer.errors import OutputError, UsageError, option
 from packer.storage import names
 from packer.version import __version__
@@ -126,7 +126,7 @@ def _mtime(path: Path) -> float:
 # --------------------------------------------------------------------------------------------
 # Records of a run
 
-_WORK = ".blocks"  # packer.pipelines.block_task.WORK (imported from here would be circular)
+_WORK = BLOCK_WORK
 
 
 def records_dir(tmp: Path) -> Path:

@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packer import storage
+from packer.contract.names import BLOCK_WORK
 from packer.contract.remote import is_run_file, listed_files, run_file_name
 from packer.pipelines import resume
 from packer.storage.options import carried, carry_in
 
-WORK = ".blocks"  # inside a local temporary output: spill files, records, task directories
+WORK = BLOCK_WORK  # inside a local temporary output: spill files, records, task directories
 RUN = "run.json"
 READERS = 16  # records read at once from a store
 

@@ -12,9 +12,11 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from packer.contract.manifest import incomplete_output
 from packer.contract.outputs import (
     PackedInputError,
     has_contract_schema,
+    is_incomplete_output,
     is_packer_output,
     is_work_dir,
     refuse,
@@ -97,6 +99,8 @@ def expand_inputs(
         if path.is_dir():
             if is_packer_output(path):
                 raise refuse(path)
+            if is_incomplete_output(path):
+                raise incomplete_output(text)
             found = excluded.walk(path, skipped)
             if not found:
                 raise InputError("directory holds no .jsonl, .parquet or .arrow files", where=text)
@@ -115,9 +119,13 @@ def expand_inputs(
             detect_format(path)
             if is_packer_output(path.parent):
                 raise refuse(path, "a shard of one")
+            if is_incomplete_output(path.parent):
+                raise incomplete_output(str(path.parent))
             files.append(path)
         elif path.exists():
             raise InputError("not a regular file", where=text)
+        elif is_incomplete_output(path):  # a run to it has not committed yet
+            raise incomplete_output(text)
         else:
             raise InputError("no such file or directory", where=text)
     if not files:
@@ -160,6 +168,8 @@ class _Excluded:
                 or (self.skip is not None and directory.resolve() == self.skip)
                 or is_packer_output(directory)
             )
+            if not hit and is_incomplete_output(directory):
+                raise incomplete_output(str(directory))  # neither skipped nor read: refused
             self.cache[directory] = hit
         return hit
 

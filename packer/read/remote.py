@@ -19,9 +19,10 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from packer import storage
+from packer.contract.manifest import incomplete_output
 from packer.contract.names import MANIFEST
 from packer.contract.outputs import PackedInputError, refuse, repack_hint
-from packer.contract.remote import is_run_file
+from packer.contract.remote import has_run_file, is_run_file
 from packer.errors import InputError
 from packer.storage.progress import meter
 from packer.storage.urls import Url, redact
@@ -108,7 +109,10 @@ def expand_url(
         if entry.is_dir:
             if store.entry(url.child(MANIFEST).path) is not None:
                 raise refuse(shown)
-            found = _keep(store, store.walk(url.path), url.path, skip, skipped, is_data, url.path)
+            entries = store.walk(url.path)
+            if any(has_run_file(url, e.path) for e in entries):
+                raise incomplete_output(shown)  # a run's files, never samples
+            found = _keep(store, entries, url.path, skip, skipped, is_data, url.path)
             if not found:
                 raise InputError("prefix holds no .jsonl, .parquet or .arrow files", where=shown)
         else:

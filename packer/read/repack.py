@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from packer import hashing
-from packer.contract.manifest import packer_manifest
+from packer.contract.manifest import has_leftovers, incomplete_output, packer_manifest
 from packer.contract.names import MANIFEST, SPLIT_LABELS
 from packer.contract.outputs import PackedInputError, is_packer_output
 from packer.contract.remote import local_copy
@@ -53,6 +53,8 @@ def check_repack_inputs(inputs: list[str | Path]) -> Path:
     """The one packer output that `--repack` reads; anything else is refused in one line."""
     paths = [local_copy(p) if is_url(p) else Path(str(p)) for p in inputs]
     for path in paths:
+        if not is_packer_output(path) and has_leftovers(path):
+            raise incomplete_output(display(path))
         if not path.is_dir() or not is_packer_output(path):
             raise PackedInputError(
                 f"{option('repack=True', '--repack')} reads packer outputs only, and this is "
@@ -206,6 +208,8 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     """The samples held by a packer output, and what the new manifest records about it."""
     manifest = packer_manifest(directory)
     if manifest is None:
+        if has_leftovers(directory):
+            raise incomplete_output(str(directory))
         raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
     if int(manifest.get("config", {}).get("cp_size", 1)) > 1:
         raise PackedInputError(

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import torch.utils.data
 
+from packer.contract.manifest import has_leftovers, incomplete_output
 from packer.contract.names import MANIFEST
 from packer.contract.remote import local_copy
 from packer.contract.schema import CP_COLUMNS, LIST_COLUMNS
@@ -60,6 +61,8 @@ class PackedDataset(torch.utils.data.Dataset):
         self.path = local_copy(path) if is_url(path) else Path(path)
         manifest_path = self.path / MANIFEST
         if not manifest_path.is_file():
+            if has_leftovers(self.path):  # as `local_copy` says of a store's prefix
+                raise incomplete_output(str(self.path))
             raise FileNotFoundError(f"{manifest_path}: not a packer output (no {MANIFEST})")
         with open(manifest_path, encoding="utf-8") as fh:
             self.manifest = json.load(fh)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from packer.contract.manifest import parse_manifest
+from packer.contract.manifest import no_manifest, parse_manifest
 from packer.contract.names import MANIFEST
 from packer.errors import UsageError
 
@@ -38,9 +38,7 @@ class OutputVersion:
                 if moved and attempt < 2:  # replaced, its old version deleted: open the new one
                     continue
                 if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
-                    raise UsageError(
-                        "no manifest.json: not a packer output", where=str(output_dir)
-                    ) from None
+                    raise no_manifest(self.shown) from None
                 raise UsageError(
                     f"cannot read manifest.json: {exc.strerror or exc}", where=str(output_dir)
                 ) from None
@@ -52,7 +50,7 @@ class OutputVersion:
 
     def _open(self) -> None:
         if not self.shown.is_dir():
-            raise UsageError("not a directory", where=str(self.shown))
+            raise no_manifest(self.shown)
         try:
             self.fd = os.open(self.shown, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         except OSError as exc:
