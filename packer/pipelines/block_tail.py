@@ -21,6 +21,7 @@ from packer.pipelines.block_task import BlockResult, block_seed, listed_file
 from packer.pipelines.run_files import spill_name
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan, plan
+from packer.read.flatten import numpy_view
 from packer.read.samples import Samples, as_chunks
 from packer.write.shards import write_shards
 
@@ -61,14 +62,12 @@ def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Pa
     chunk_of = {int(b): k for k, b in enumerate(needed.tolist())}
     tok, lab, starts, tables = [], [], [0], []
     for b in needed.tolist():
-        path = place.spill(spill_name(b, task.block_width), spills)
-        with pa.memory_map(str(path)) as source:
-            table = pa.ipc.open_file(source).read_all()
+        table = _read_spill(place.spill(spill_name(b, task.block_width), spills))
         tables.append(table)
-        values = table.column("tokens").combine_chunks().values.to_numpy()
+        values = numpy_view(table.column("tokens").values)
         tok.append(values)
-        if "labels" in table.column_names:
-            lab.append(table.column("labels").combine_chunks().values.to_numpy())
+        if "labels" in table.schema.names:
+            lab.append(numpy_view(table.column("labels").values))
         starts.append(starts[-1] + values.size)
     n = task.blocks.size
     seg_start = np.empty(n, np.int64)
@@ -79,11 +78,11 @@ def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Pa
     for k, table in enumerate(tables):
         mine = np.flatnonzero(chunk == k)
         pos = task.positions[mine]
-        offsets = table.column("tokens").combine_chunks().offsets.to_numpy()
+        offsets = numpy_view(table.column("tokens").offsets)
         seg_start[mine] = starts[k] + offsets[pos]
         seg_len[mine] = offsets[pos + 1] - offsets[pos]
-        seg_sample[mine] = table.column("sample").to_numpy()[pos]
-        seg_offset[mine] = table.column("offset").to_numpy()[pos]
+        seg_sample[mine] = numpy_view(table.column("sample"))[pos]
+        seg_offset[mine] = numpy_view(table.column("offset"))[pos]
     samples = Samples(
         tokens=None,
         offsets=np.zeros(1, np.int64),
@@ -105,6 +104,16 @@ def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Pa
         shutil.rmtree(work, ignore_errors=True)
         raise
     return entries
+
+
+def _read_spill(path: Path) -> pa.RecordBatch:
+    """A spill file's one record batch, read through numpy views (`numpy_view`: Arrow's own
+    `to_numpy` imports pandas, a quarter of a second of a run's fixed cost)."""
+    with pa.memory_map(str(path)) as source:
+        reader = pa.ipc.open_file(source)
+        if reader.num_record_batches == 1:
+            return reader.get_batch(0)
+        return reader.read_all().combine_chunks().to_batches()[0]
 
 
 def tail_task_name(task: TailTask) -> str:

@@ -284,10 +284,11 @@ def _spill(samples: Samples, segs: Segments, order: np.ndarray, path: Path) -> n
     np.cumsum(lengths, out=offsets[1:])
     ids = [chunks[seg_chunk[s]][seg_local[s] : seg_local[s] + segs.length[s]] for s in order]
     flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+    starts = _array(offsets, np.int64, pa.int64())
     columns = {
-        "tokens": pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())),
-        "sample": pa.array(segs.sample[order], pa.int64()),
-        "offset": pa.array(segs.offset[order], pa.int32()),
+        "tokens": pa.LargeListArray.from_arrays(starts, _array(flat, np.int32, pa.int32())),
+        "sample": _array(segs.sample[order], np.int64, pa.int64()),
+        "offset": _array(segs.offset[order], np.int32, pa.int32()),
     }
     if samples.has_labels:
         labs = [
@@ -295,9 +296,17 @@ def _spill(samples: Samples, segs: Segments, order: np.ndarray, path: Path) -> n
         ]
         flat_labels = np.concatenate(labs) if labs else np.zeros(0, np.int32)
         columns["labels"] = pa.LargeListArray.from_arrays(
-            pa.array(offsets), pa.array(flat_labels, pa.int32())
+            starts, _array(flat_labels, np.int32, pa.int32())
         )
-    table = pa.table(columns)
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
+    batch = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
     return lengths.astype(np.int64)
+
+
+def _array(values: np.ndarray, dtype, arrow_type: pa.DataType) -> pa.Array:
+    """`values` as an Arrow array over their own memory. Not `pa.array`: its first call imports
+    pandas (to ask whether the numpy array is a pandas object), a quarter of a second of every
+    block run's fixed cost, a larger share of a resumed one's."""
+    data = np.ascontiguousarray(values, dtype)
+    return pa.Array.from_buffers(arrow_type, data.size, [None, pa.py_buffer(data)])

@@ -35,6 +35,7 @@ from packer.config import PackConfig
 from packer.contract.names import REJECTS
 from packer.engines import Engine
 from packer.errors import InputError, UsageError, option
+from packer.interrupts import interrupt_once
 from packer.pipelines import resume
 from packer.pipelines.block_tail import tail_task_name, tail_tasks, task_key, write_tail
 from packer.pipelines.block_task import (
@@ -46,6 +47,7 @@ from packer.pipelines.block_task import (
 )
 from packer.pipelines.result import PackResult, Stats
 from packer.pipelines.run_files import WORK, LocalRun, open_store
+from packer.pipelines.warmup import start_warming
 from packer.planning import kernels as algorithms
 from packer.planning.strategies import martello_toth_bound
 from packer.read.assemble import counts_text
@@ -83,6 +85,33 @@ def pack_blocks(
     files in `out`, for `remote.commit` (`packer.pipelines.run_files`)."""
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
+    # the local engine runs the tasks here: their kernels load (or compile) in the background
+    # while the inputs are scanned, the records read and the first block read
+    # (`packer.pipelines.warmup`); a second Ctrl-C is ignored while the warm-up is joined
+    with interrupt_once():
+        warming = start_warming(cfg.strategy) if cfg.engine == "local" else None
+        try:
+            return _pack_blocks(
+                engine,
+                files,
+                out,
+                cfg,
+                overwrite,
+                progress,
+                workers,
+                budget,
+                t0,
+                resume_run,
+                remote,
+            )
+        finally:
+            if warming is not None:
+                warming.stop()
+
+
+def _pack_blocks(
+    engine, files, out, cfg, overwrite, progress, workers, budget, t0, resume_run, remote
+) -> PackResult:
     t = time.perf_counter()
     timings: dict[str, float] = {"engine_start": t - t0}
     scans, specs = _scan(engine, files, cfg, budget)
@@ -254,7 +283,9 @@ def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects,
         entry,
         split_labels=split_labels,
     )
-    output.finish(tmp, out, manifest, overwrite)
+    # every shard was flushed by `write_shards` before its task's completion record was
+    # written (a kept record: by the killed run's task): the commit flushes the rest
+    output.finish(tmp, out, manifest, overwrite, synced=[s["file"] for s in shards])
 
 
 def scan_task(settings: dict, *args) -> FileScan:

@@ -52,7 +52,7 @@ def copy_checked(src: np.ndarray, dst: np.ndarray, base: int, allow_ignore: bool
 _CHUNK = 1 << 22  # values per task, so one big Arrow chunk still spreads over the threads
 
 
-def _numpy(array: pa.Array) -> np.ndarray:
+def numpy_view(array: pa.Array) -> np.ndarray:
     """Zero-copy numpy view of an Arrow array without nulls.
 
     Integers are viewed through their data buffer: `Array.to_numpy` goes through Arrow's
@@ -75,11 +75,11 @@ def _plain_chunks(column: pa.ChunkedArray):
     for chunk in column.chunks:
         if chunk.null_count:
             return None
-        offsets = _numpy(chunk.offsets)
+        offsets = numpy_view(chunk.offsets)
         values = chunk.values.slice(offsets[0], offsets[-1] - offsets[0])
         if values.null_count:
             return None
-        out.append((offsets, _numpy(values)))
+        out.append((offsets, numpy_view(values)))
     return out
 
 
