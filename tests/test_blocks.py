@@ -193,3 +193,38 @@ def test_tails_of_block_groups_are_planned_apart(cli, tmp_path, monkeypatch):
     assert grouped["tail_rows"] >= together["tail_rows"]
     assert check_provenance(tmp_path / "grouped", samples) == grouped["segments"]
     assert read_shards(tmp_path / "grouped").num_rows == grouped["rows"]
+
+
+def test_a_block_run_pays_no_fixed_cost_it_can_skip(tmp_path):
+    """What every block run (and a resumed one, for a fifth of the work) used to pay on top of
+    its blocks: pandas, imported by `pa.array`/`to_numpy` on the spill files, and the commit
+    flushing again every shard that its writer had flushed before the task's record."""
+    data = tmp_path / "d.parquet"
+    pq.write_table(to_table(make_samples(400, seed=3, median=60)), data, row_group_size=50)
+    script = f"""
+import json, sys
+import packer
+from packer.config import PackConfig
+from packer.write import commit, shards
+
+flushed = []
+original = commit.fsync_file
+def counted(path, *args, **kwargs):
+    flushed.append(path.name)
+    return original(path, *args, **kwargs)
+commit.fsync_file = shards.fsync_file = counted
+cfg = PackConfig(max_len=256, overlength="split", block_size=8192, shard_rows=20)
+result = packer.pack([{str(data)!r}], {str(tmp_path / "out")!r}, cfg)
+print(json.dumps({{"flushed": flushed, "shards": [s["file"] for s in result.shards],
+                  "blocks": result.stats["blocks"], "pandas": "pandas" in sys.modules}}))
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    seen = json.loads(r.stdout.strip().splitlines()[-1])
+    assert seen["blocks"] > 5 and len(seen["shards"]) > 5
+    assert not seen["pandas"], "a block run imported pandas"
+    # each shard flushed once, by its writer; the commit flushes what it wrote itself
+    assert {name: seen["flushed"].count(name) for name in seen["shards"]} == {
+        name: 1 for name in seen["shards"]
+    }
+    assert "manifest.json" in seen["flushed"]
