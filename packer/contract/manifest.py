@@ -38,8 +38,11 @@ def incomplete_output(where: str) -> InputError:
 
 def has_leftovers(directory: Path) -> bool:
     """Whether `directory`, which has no manifest, holds a run's files: it is a run's hidden
-    temporary output, or it holds shards or a block run's work directory, or a run to it has
-    its hidden temporary output beside it (a run killed, or still writing)."""
+    temporary output, or it holds shards or a block run's work directory; or, missing or
+    empty, a run to it has its hidden temporary output beside it (killed, or still writing).
+
+    Only a missing or empty directory has its parent listed: an inputs expansion asks this of
+    every directory it walks."""
     name = directory.name
     if name.startswith(".") and any(mark in name for mark in WORK_MARKS):
         return directory.is_dir()
@@ -48,11 +51,11 @@ def has_leftovers(directory: Path) -> bool:
             names = sorted(entry.name for entry in entries)
     except OSError:
         names = []
-    if BLOCK_WORK in names:
-        return True
-    shards = [n for n in names if n.startswith(SHARD_PREFIX) and n.endswith(".arrow")]
-    if shards and _is_shard(directory / shards[0]):
-        return True
+    if names:
+        if BLOCK_WORK in names:
+            return True
+        shards = [n for n in names if n.startswith(SHARD_PREFIX) and n.endswith(".arrow")]
+        return bool(shards) and _is_shard(directory / shards[0])
     absolute = Path(os.path.abspath(directory))  # `.` has a name, and a parent to look in
     beside = f".{absolute.name}{TMP_MARK}"
     try:
