@@ -80,9 +80,9 @@ def test_each_shard_is_flushed_and_released(tmp_path, monkeypatch):
     def fadvise(fd, offset, length, advice):
         events.append(("drop", os.readlink(f"/proc/self/fd/{fd}"), advice))
 
-    def commit(tmp, out, overwrite=True):
+    def commit(tmp, out, overwrite=True, **kwargs):
         events.append(("commit", str(tmp), None))
-        real_commit(tmp, out, overwrite)
+        real_commit(tmp, out, overwrite, **kwargs)
 
     monkeypatch.setattr(os, "posix_fadvise", fadvise)
     monkeypatch.setattr(packer.write.commit, "commit", commit)

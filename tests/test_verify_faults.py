@@ -335,9 +335,9 @@ def test_every_shard_and_the_manifest_are_fsynced_before_the_commit(tmp_path, mo
         events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         return real_fsync(fd)
 
-    def commit(tmp, out, overwrite=True):
+    def commit(tmp, out, overwrite=True, **kwargs):
         events.append(("commit", str(tmp)))
-        return real_commit(tmp, out, overwrite)
+        return real_commit(tmp, out, overwrite, **kwargs)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(output_mod, "commit", commit)
@@ -598,7 +598,15 @@ def test_manifest_errors_are_usage_errors(cli, packed, tmp_path):
     assert res.stderr.strip() == (
         f"error: {out / 'manifest.json'}: manifest.json has no 'shards' list"
     )
-    (out / "manifest.json").unlink()
+    (out / "manifest.json").unlink()  # shards without their manifest: a run that did not end
+    res = cli("verify", out)
+    assert res.exit_code == 1
+    assert res.stderr.strip() == (
+        f"error: {out}: incomplete packer output: no manifest.json (a run that did not finish, "
+        "or is still running; resume it with --resume, or rerun it)"
+    )
+    for shard in out.glob("*.arrow"):
+        shard.unlink()
     res = cli("verify", out)
     assert res.stderr.strip() == f"error: {out}: no manifest.json: not a packer output"
 
