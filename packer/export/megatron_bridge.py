@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from packer.contract.names import IGNORE_INDEX
-from packer.export.hashed_file import HashedFile
 from packer.export.rows import RowBatch
+from packer.write.shard_file import HashingFile
 
 ROW_GROUP = 500  # Bridge's own write_packed_parquet default
 SCHEMA = pa.schema(
@@ -91,12 +91,13 @@ class BridgeShard:
 
     def __init__(self, path: Path, multiple: int, eos_id: int | None):
         self.multiple, self.eos_id = multiple, eos_id
-        self.file = HashedFile(path)
+        self.name = path.name
+        self.file = HashingFile(path, "xxh3_128")  # hashed while written, never read back
         # token ids are near-random over a large vocabulary: dictionary-encoding them costs a
         # third of the write and saves little; the 0/1 loss mask is where it pays. Bridge reads
         # whole row groups and never filters on column statistics, which cost a third more.
         self._writer = pq.ParquetWriter(
-            self.file.sink, SCHEMA, use_dictionary=["loss_mask"], write_statistics=False
+            self.file, SCHEMA, use_dictionary=["loss_mask"], write_statistics=False
         )
         self.rows = self.samples = self.tokens = 0
         self.max_seqlen = self.max_per_row = 0
@@ -132,7 +133,7 @@ class BridgeShard:
 
     def close(self) -> None:
         self._writer.close()
-        self.file.sink.close()
+        self.file.close()
 
 
 class BridgeWriter:
@@ -159,7 +160,7 @@ class BridgeWriter:
     @property
     def digests(self) -> dict[str, str]:
         """xxh3_128 of each shard, hashed while written."""
-        return {s.file.name: s.file.digest() for s in self._shards.values()}
+        return {s.name: s.file.digest.hexdigest() for s in self._shards.values()}
 
     def finish(self) -> dict:
         shards = [self._shards[n] for n in sorted(self._shards)]

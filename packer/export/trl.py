@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from packer.export.hashed_file import HashedFile
 from packer.export.rows import RowBatch
+from packer.write.shard_file import HashingFile
 
 _LIST_TYPES = {
     "input_ids": ("int32", pa.int32()),
@@ -43,8 +43,9 @@ class TrlShard:
     """One `data-XXXXX-of-NNNNN.arrow`: an Arrow IPC stream, as `save_to_disk` writes it."""
 
     def __init__(self, path: Path):
-        self.file = HashedFile(path)
-        self._writer = pa.ipc.new_stream(self.file.sink, SCHEMA)
+        self.name = path.name
+        self.file = HashingFile(path, "xxh3_128")  # hashed while written, never read back
+        self._writer = pa.ipc.new_stream(self.file, SCHEMA)
 
     def write(self, batch: RowBatch) -> None:
         table = pa.Table.from_arrays(
@@ -61,7 +62,7 @@ class TrlShard:
 
     def close(self) -> None:
         self._writer.close()
-        self.file.sink.close()
+        self.file.close()
 
 
 class TrlWriter:
@@ -83,7 +84,7 @@ class TrlWriter:
     @property
     def digests(self) -> dict[str, str]:
         """xxh3_128 of each file, hashed while written."""
-        return {s.file.name: s.file.digest() for s in self._open.values()}
+        return {s.name: s.file.digest.hexdigest() for s in self._open.values()}
 
     def finish(self) -> dict:
         state = {

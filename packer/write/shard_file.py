@@ -17,9 +17,10 @@ from packer.write.direct import DirectFile
 from packer.write.gather import Buffers
 
 
-class _HashingFile:
+class HashingFile:
     """A write-only file that hashes what passes through, so shards are never read back
-    (`algorithm=None`: a file no manifest lists, not hashed)."""
+    (`algorithm=None`: a file no manifest lists, not hashed). Arrow's IPC and Parquet writers
+    take it as their sink; they do not close it."""
 
     def __init__(self, path: Path, algorithm: str | None, direct: bool = False):
         self._fh = DirectFile(path) if direct else open(path, "wb")  # noqa: SIM115 - closed in close()
@@ -96,7 +97,7 @@ class ShardWriter:
         """direct: write around the page cache (`DirectFile`), for a file not read back soon."""
         self.path = path
         self.algorithm = algorithm
-        self._sink = _HashingFile(path, algorithm, direct)
+        self._sink = HashingFile(path, algorithm, direct)
         try:
             self._writer = pa.ipc.new_stream(self._sink, schema)
         except BaseException:
