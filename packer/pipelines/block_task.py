@@ -33,6 +33,7 @@ from packer.read.blocks import BlockSpec, block_samples
 from packer.read.samples import Rejects, Samples
 from packer.version import __version__
 from packer.write.manifest import split_points
+from packer.write.shard_file import arrow_array
 from packer.write.shards import segment_sources, write_shards
 
 # A row with more than L // TAIL_FREE free tokens is a tail row: its samples are packed again
@@ -284,29 +285,25 @@ def _spill(samples: Samples, segs: Segments, order: np.ndarray, path: Path) -> n
     np.cumsum(lengths, out=offsets[1:])
     ids = [chunks[seg_chunk[s]][seg_local[s] : seg_local[s] + segs.length[s]] for s in order]
     flat = np.concatenate(ids) if ids else np.zeros(0, np.int32)
-    starts = _array(offsets, np.int64, pa.int64())
+    starts = _arrow(offsets, np.int64)
     columns = {
-        "tokens": pa.LargeListArray.from_arrays(starts, _array(flat, np.int32, pa.int32())),
-        "sample": _array(segs.sample[order], np.int64, pa.int64()),
-        "offset": _array(segs.offset[order], np.int32, pa.int32()),
+        "tokens": pa.LargeListArray.from_arrays(starts, _arrow(flat, np.int32)),
+        "sample": _arrow(segs.sample[order], np.int64),
+        "offset": _arrow(segs.offset[order], np.int32),
     }
     if samples.has_labels:
         labs = [
             label_chunks[seg_chunk[s]][seg_local[s] : seg_local[s] + segs.length[s]] for s in order
         ]
         flat_labels = np.concatenate(labs) if labs else np.zeros(0, np.int32)
-        columns["labels"] = pa.LargeListArray.from_arrays(
-            starts, _array(flat_labels, np.int32, pa.int32())
-        )
+        columns["labels"] = pa.LargeListArray.from_arrays(starts, _arrow(flat_labels, np.int32))
     batch = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
         writer.write_batch(batch)
     return lengths.astype(np.int64)
 
 
-def _array(values: np.ndarray, dtype, arrow_type: pa.DataType) -> pa.Array:
-    """`values` as an Arrow array over their own memory. Not `pa.array`: its first call imports
-    pandas (to ask whether the numpy array is a pandas object), a quarter of a second of every
-    block run's fixed cost, a larger share of a resumed one's."""
-    data = np.ascontiguousarray(values, dtype)
-    return pa.Array.from_buffers(arrow_type, data.size, [None, pa.py_buffer(data)])
+def _arrow(values: np.ndarray, dtype) -> pa.Array:
+    """`values` in `dtype` as an Arrow array over their own memory (not `pa.array`, which
+    imports pandas: a quarter of a second of every block run's fixed cost)."""
+    return arrow_array(np.ascontiguousarray(values, dtype))

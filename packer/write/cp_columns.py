@@ -18,7 +18,7 @@ from packer.contract.names import IGNORE_INDEX
 from packer.contract.schema import CP_SCHEMA
 from packer.planning.cp import padded_lengths
 from packer.write.gather import Buffers
-from packer.write.shard_file import _array as arrow_array
+from packer.write.shard_file import arrow_array
 
 
 def _list(offsets: np.ndarray, values: np.ndarray) -> pa.ListArray:
