@@ -74,8 +74,9 @@ def encode_samples(batch: RowBatch) -> tuple[np.ndarray, np.ndarray]:
     order: its shape prefix and its values, as streaming's `MDSWriter.encode_sample` writes."""
     columns = row_columns(batch)
     counts = [np.diff(off).astype(np.int64) for _, off in columns]
+    prefixes = [_prefix_sizes(n) for n in counts]
     parts = np.stack(
-        [_prefix_sizes(n) + n * v.itemsize for (v, _), n in zip(columns, counts, strict=True)],
+        [p + n * v.itemsize for (v, _), n, p in zip(columns, counts, prefixes, strict=True)],
         axis=1,
     ).astype(np.int64)  # rows x columns
     head = 4 * len(columns)
@@ -85,10 +86,10 @@ def encode_samples(batch: RowBatch) -> tuple[np.ndarray, np.ndarray]:
     header = np.ascontiguousarray(parts, dtype=np.uint32).view(np.uint8).reshape(-1)
     put_bytes(header, np.arange(0, header.size + 1, head, dtype=np.int64), out, starts)
     at = starts + head
-    for c, ((values, off), n) in enumerate(zip(columns, counts, strict=True)):
+    for c, ((values, off), n, prefix) in enumerate(zip(columns, counts, prefixes, strict=True)):
         put_shapes(n, out, at)
         raw = values.view(np.uint8).reshape(-1)
-        put_bytes(raw, off.astype(np.int64) * values.itemsize, out, at + _prefix_sizes(n))
+        put_bytes(raw, off.astype(np.int64) * values.itemsize, out, at + prefix)
         at = at + parts[:, c]
     return out, sizes
 

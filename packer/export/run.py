@@ -103,7 +103,7 @@ def export(
     result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, cp_size))
     with building(tmp, dest):
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
-        check = _checks(to, accept, cp_size_of(source), eos_id)
+        check = _checks(to, accept, cp_size, eos_id)
         counts = _write_shards(writer, source, check, max_tokens, progress, total_rows)
         for rows, samples, tokens in counts:
             result.rows += rows

@@ -31,7 +31,7 @@ import pyarrow.json as pa_json
 from packer import hashing
 from packer.contract.manifest import has_leftovers, incomplete_output, packer_manifest
 from packer.contract.names import MANIFEST, SPLIT_LABELS
-from packer.contract.outputs import PackedInputError, is_packer_output
+from packer.contract.outputs import PackedInputError, is_incomplete_output, is_packer_output
 from packer.contract.remote import local_copy
 from packer.contract.shards import read_shard
 from packer.errors import InputError, option
@@ -53,7 +53,7 @@ def check_repack_inputs(inputs: list[str | Path]) -> Path:
     """The one packer output that `--repack` reads; anything else is refused in one line."""
     paths = [local_copy(p) if is_url(p) else Path(str(p)) for p in inputs]
     for path in paths:
-        if not is_packer_output(path) and has_leftovers(path):
+        if is_incomplete_output(path):
             raise incomplete_output(display(path))
         if not path.is_dir() or not is_packer_output(path):
             raise PackedInputError(
