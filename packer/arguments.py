@@ -8,11 +8,12 @@ when it is whole (8.0 is more likely a mistake than a length).
 
 from __future__ import annotations
 
+import difflib
 import numbers
 import re
 from collections.abc import Iterable
 
-from packer.errors import UsageError, option
+from packer.errors import OptionError, UsageError, option
 from packer.errors import option as name_of
 
 
@@ -98,3 +99,52 @@ def parse_size(text: str | int, option: str | None = None, minimum: int = 1 << 2
         least = f"{minimum >> 20}MiB" if minimum % (1 << 20) == 0 else f"{minimum} bytes"
         raise UsageError(f"{option} {text} is too small (at least {least})")
     return value
+
+
+_RAW_KEYS = {"messages", "conversations", "text", "prompt", "completion"}  # docs/tokenize.md
+
+
+class ColumnName(str):
+    """A column option's value that remembers who named it: `origin` is "default" (a column
+    read when the input has it, absent otherwise) or the config file it came from. A plain str
+    is a column the caller named, which the input must have."""
+
+    origin: str
+
+    def __new__(cls, name: str, origin: str = "default"):
+        self = super().__new__(cls, name)
+        self.origin = origin
+        return self
+
+
+DEFAULT_INPUT = ColumnName("input_ids")
+DEFAULT_LABELS = ColumnName("labels")
+
+
+def named(column) -> bool:
+    """Whether a column option was named (by the caller or a config), not left at its default."""
+    return not (isinstance(column, ColumnName) and column.origin == "default")
+
+
+def missing_column(name: str, column: str, have: list[str], where: str) -> OptionError:
+    """The error for a column option naming a column that `where` does not have: the option,
+    the columns that are there and the closest of them."""
+    default = not named(column)
+    if default:
+        text = f"{where} has no '{column}' column"
+    elif isinstance(column, ColumnName):
+        text = f"{name} '{column}' (in {column.origin}) is not in {where}"
+    else:
+        text = f"{option(name)} '{column}' is not in {where}"
+    text += f" (it has: {', '.join(have) or 'no columns'})"
+    close = difflib.get_close_matches(column, have, n=1, cutoff=0.8 if default else 0.6)
+    if name == "input_column" and default and _RAW_KEYS & set(have):
+        text += (
+            ": raw chats or text, which packer pack does not tokenize; tokenize them first "
+            "(docs/tokenize.md, scripts/tokenize_chats.py)"
+        )
+    elif close:
+        text += f"; did you mean '{close[0]}'?"
+    elif default:
+        text += f"; name the column with {option(name)}"
+    return OptionError(text)

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from packer import arguments as A
-from packer.arguments import parse_size
+from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS, ColumnName, parse_size
 from packer.contract.names import POLICIES
 from packer.errors import UsageError, option
 from packer.hashing import ALGORITHMS
@@ -24,6 +24,7 @@ ENGINES = ("local", "ray")
 RUNTIME_FIELDS = ("engine", "ray_address")
 
 PAIR_FIELDS = ("prompt_column", "chosen_column", "rejected_column")
+COLUMN_FIELDS = ("input_column", "labels_column", *PAIR_FIELDS)
 
 TARGET_SHARD_TOKENS = 1 << 24  # ~16M tokens: ~200 MB of int32 columns per shard
 
@@ -37,8 +38,9 @@ class PackConfig:
     pad_id: int = 0
     seed: int = 0
     window: int | None = None
-    input_column: str = "input_ids"
-    labels_column: str = "labels"
+    input_column: str = DEFAULT_INPUT
+    # read when the input has it; a labels column that was named must be there (packer.read.columns)
+    labels_column: str | None = DEFAULT_LABELS
     shard_rows: int | None = None  # None: as many rows as hold ~16M tokens
     on_error: str = "error"  # bad samples: "error" stops at the first, "skip" leaves them out
     hash: str = "xxh3_128"  # content hash of each shard in the manifest (or "sha256")
@@ -51,9 +53,9 @@ class PackConfig:
     # rejected completion, packed as two adjacent segments of one row. Recorded in the manifest
     # only when set, so that sample manifests are as before.
     pairs: bool = False
-    prompt_column: str = "prompt_input_ids"
-    chosen_column: str = "chosen_input_ids"
-    rejected_column: str = "rejected_input_ids"
+    prompt_column: str = ColumnName("prompt_input_ids")
+    chosen_column: str = ColumnName("chosen_input_ids")
+    rejected_column: str = ColumnName("rejected_input_ids")
     # Context parallelism (packer.planning.cp): every segment padded at its end to a multiple
     # of 2 x cp_size, rows carrying cu_seqlens_padded. 1 is off; recorded only when above 1.
     cp_size: int = 1
@@ -190,9 +192,10 @@ def load_yaml(path: str | Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise UsageError("a config file must be a mapping of option: value", where=str(path))
-    if isinstance(data.get("config"), dict) and (
+    manifest = isinstance(data.get("config"), dict) and (
         "packer_version" in data or "format_version" in data
-    ):
+    )
+    if manifest:
         # a packer manifest (JSON is YAML): its config section packs again exactly as it was
         data = data["config"]
     values = {}
@@ -202,6 +205,11 @@ def load_yaml(path: str | Path) -> dict:
             known = ", ".join(sorted(FIELDS))
             raise UsageError(f"unknown option '{key}' (known: {known})", where=str(path))
         values[name] = _coerce(name, value, path)
+        if name in COLUMN_FIELDS and isinstance(values[name], str):
+            # errors name the config key and file; a manifest records the labels column
+            # whether or not its inputs had one, so there it stays optional
+            optional = manifest and name == "labels_column"
+            values[name] = ColumnName(values[name], "default" if optional else str(path))
     return values
 
 

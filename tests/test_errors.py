@@ -152,14 +152,14 @@ def _cases():
         "ids-column-missing-jsonl": (
             lambda d: [jsonl_lines(d / "a.jsonl", ['{"tokens": [1]}'] * 3)],
             [],
-            1,
-            ["a.jsonl", "no sample has 'input_ids'"],
+            2,
+            ["a.jsonl line 1 has no 'input_ids' column (it has: tokens)", "--input-column"],
         ),
         "ids-column-missing-parquet": (
             lambda d: [parquet_of(d / "a.parquet", {"tokens": pa.array([[1, 2]], ids)})],
             [],
-            1,
-            ["a.parquet", "no 'input_ids' column"],
+            2,
+            ["a.parquet has no 'input_ids' column (it has: tokens)", "--input-column"],
         ),
         "ids-wrong-type-parquet": (
             lambda d: [parquet_of(d / "a.parquet", {"input_ids": pa.array([[1.5]])})],

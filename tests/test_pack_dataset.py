@@ -283,12 +283,16 @@ def test_python_values_that_are_not_token_lists(value, words):
 
 def test_missing_and_mistyped_columns():
     table = pa.table({"tokens": [[1, 2], [3]]})
-    with pytest.raises(SampleError, match=r"^input: no 'input_ids' column \(columns: tokens\)$"):
+    with pytest.raises(
+        OptionError,
+        match=r"^the input has no 'input_ids' column \(it has: tokens\); name the column with "
+        "input_column$",
+    ):
         pack_dataset(table, 8)
     assert pack_dataset(table, 8, input_column="tokens").num_rows == 1
     with pytest.raises(SampleError, match="column 'input_ids' has type string"):
         pack_dataset(pa.table({"input_ids": ["a", "b"]}), 8)
-    with pytest.raises(SampleError, match="no 'input_ids' column"):
+    with pytest.raises(OptionError, match="no 'input_ids' column .* tokenize them first"):
         pack_dataset(datasets.Dataset.from_dict({"text": ["a"]}), 8)
 
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packer.config import PackConfig
-from packer.errors import InputError, UsageError
+from packer.errors import OptionError, UsageError
 from packer.pipelines.pack import pack
 from packer.pipelines.pairs import segment_plan
 from packer.planning.pairs import resolve_pairs
@@ -159,7 +159,7 @@ def test_column_names_and_python_api(tmp_path):
     result = pack(tmp_path / "p.parquet", tmp_path / "out", cfg)
     assert check_pairs(read_shards(tmp_path / "out"), pairs, 200) == set(range(30))
     assert result.stats["segments"] == 60
-    with pytest.raises(InputError, match="no 'prompt_input_ids' column"):
+    with pytest.raises(OptionError, match="has no 'prompt_input_ids' column"):
         pack(tmp_path / "p.parquet", tmp_path / "out2", PackConfig(max_len=200, pairs=True))
 
 
@@ -316,12 +316,13 @@ def test_files_that_disagree_on_columns(cli, tmp_path):
         "99",
         "--pairs",
     )
-    assert result.exit_code == 1
-    assert "b.parquet: no 'rejected_input_ids' column: a pair needs all of" in result.output
+    assert result.exit_code == 2
+    assert "b.parquet has no 'rejected_input_ids' column (it has: " in result.output
+    assert "name the column with --rejected-column" in result.output
     path = _lines(tmp_path, ['{"prompt_input_ids": [1], "chosen_input_ids": [3]}'] * 3)
     result = cli("pack", path, "-o", tmp_path / "o", "-L", "99", "--pairs")
-    assert result.exit_code == 1
-    assert "bad.jsonl: no pair has 'rejected_input_ids'" in result.output
+    assert result.exit_code == 2
+    assert "bad.jsonl line 1 has no 'rejected_input_ids' column" in result.output
 
 
 def test_pair_options_are_checked(tmp_path):

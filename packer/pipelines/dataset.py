@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from packer import arguments as A
 from packer import workers as workers_mod
+from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS
 from packer.config import PackConfig
 from packer.errors import InputError, OptionError, SampleError, UsageError
 from packer.pipelines import hf_datasets
@@ -280,8 +281,8 @@ def pack_dataset(
     pad: bool = False,
     pad_id: int = 0,
     seed: int = 0,
-    input_column: str = "input_ids",
-    labels_column: str | None = "labels",
+    input_column: str = DEFAULT_INPUT,
+    labels_column: str | None = DEFAULT_LABELS,
     on_error: str = "error",
     window: int | None = None,
     workers: int | None = None,

@@ -22,7 +22,8 @@ from packer.errors import UsageError, option
 from packer.pipelines.one_plan import pack_one_plan
 from packer.pipelines.result import PackResult, Progress
 from packer.read.cache import default_budget
-from packer.read.files import expand_inputs
+from packer.read.columns import check_columns
+from packer.read.files import check_local_inputs, expand_inputs
 from packer.storage import is_url, parse_url, set_options
 from packer.storage.names import named_errors
 from packer.storage.progress import reporting
@@ -77,6 +78,8 @@ def pack(
         raise UsageError(f"config must be a PackConfig, got {type(config).__name__}")
     if isinstance(inputs, (str, os.PathLike)):  # one path, not a sequence of characters
         inputs = [inputs]
+    inputs = inputs if isinstance(inputs, list) else list(inputs)
+    check_local_inputs(inputs)  # a missing input is named before anything about the output
     if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
         raise UsageError(f"output_dir must be a path, got {output_dir!r}")
     overwrite = A.boolean(overwrite, "overwrite")
@@ -164,6 +167,7 @@ def _run(
     # block runs read remote inputs in place, each task its own block; other runs stage them
     stage = not blocks or bool(cfg.pairs)
     inputs = expand_inputs(inputs, skip=skip, skipped=skipped, stage=stage)
+    check_columns(inputs, cfg)  # a column option naming no column: refused before any read
     if cfg.pairs:
         from packer.pipelines.pairs import pack_pairs
 

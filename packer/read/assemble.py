@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS
 from packer.errors import InputError
 from packer.read.files import detect_format, expand_inputs, fingerprint
 from packer.read.formats import READERS
@@ -23,8 +24,8 @@ from packer.read.validate import validate
 
 def read_file(
     path: Path,
-    input_column: str = "input_ids",
-    labels_column: str | None = "labels",
+    input_column: str = DEFAULT_INPUT,
+    labels_column: str | None = DEFAULT_LABELS,
     first_index: int = 0,
     on_error: str = "error",
     rejects: Rejects | None = None,
@@ -63,8 +64,8 @@ def new_source(
 
 def read_samples(
     inputs: Iterable[str | Path],
-    input_column: str = "input_ids",
-    labels_column: str | None = "labels",
+    input_column: str = DEFAULT_INPUT,
+    labels_column: str | None = DEFAULT_LABELS,
     require_labels: bool = False,
     progress: Callable[[Path], None] | None = None,
     on_error: str = "error",

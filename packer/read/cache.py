@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
+from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS
 from packer.contract.names import TMP_MARK
 from packer.errors import InputError
 from packer.read.assemble import assemble_offsets, check_schema, new_source
@@ -244,8 +245,8 @@ class _Restart(Exception):
 def stream_samples(
     inputs: Iterable[str | Path],
     cache_dir: Path,
-    input_column: str = "input_ids",
-    labels_column: str | None = "labels",
+    input_column: str = DEFAULT_INPUT,
+    labels_column: str | None = DEFAULT_LABELS,
     require_labels: bool = False,
     progress: Callable[[Path], None] | None = None,
     on_error: str = "error",

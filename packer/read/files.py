@@ -145,6 +145,26 @@ def expand_inputs(
     return InputFiles(unique)
 
 
+def check_local_inputs(inputs: Iterable[str | Path]) -> None:
+    """Refuse a local input that does not exist (or a glob matching nothing), as
+    `expand_inputs` would: a cheap first check, so that a missing input is reported before
+    anything about the output."""
+    if isinstance(inputs, InputFiles):
+        return
+    for item in inputs:
+        text = str(item)
+        if is_url(text):
+            continue
+        path = Path(text)
+        if path.exists() or is_incomplete_output(path):
+            continue
+        if _GLOB_CHARS & set(text):
+            if not glob.glob(text, recursive=True):
+                raise InputError("no file matches this pattern", where=text)
+            continue
+        raise InputError("no such file or directory", where=text)
+
+
 def _identity(f: Path | str):
     """What names one input once: a URL (read in place, or the URL of a staged copy), else the
     resolved path."""

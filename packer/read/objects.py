@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from packer.arguments import missing_column, named
 from packer.config import PackConfig
 from packer.errors import InputError, UsageError
 from packer.read.assemble import assemble_offsets, chunked_samples
@@ -59,8 +60,9 @@ def _source(num_samples: int, first_index: int = 0) -> _InMemorySource:
 def check_columns(table: pa.Table, input_column: str, labels_column: str | None) -> pa.Table:
     """The token and label columns of `table`; absent or mistyped columns are one clear error."""
     if input_column not in table.column_names:
-        have = ", ".join(table.column_names) or "none"
-        raise InputError(f"no '{input_column}' column (columns: {have})", where="input")
+        raise missing_column("input_column", input_column, table.column_names, "the input")
+    if labels_column and named(labels_column) and labels_column not in table.column_names:
+        raise missing_column("labels_column", labels_column, table.column_names, "the input")
     keep = [input_column]
     if labels_column and labels_column in table.column_names:
         keep.append(labels_column)
@@ -153,6 +155,15 @@ def _int_column(values, name: str) -> tuple[pa.Array, np.ndarray | None, dict[in
     return array, codes, messages
 
 
+def _check_keys(row: dict, input_column: str, labels_column: str | None) -> None:
+    """Dict rows: the first one has the column options' keys (`packer.read.columns`)."""
+    have = [str(k) for k in row]
+    if input_column not in row:
+        raise missing_column("input_column", input_column, have, "the first sample")
+    if labels_column and named(labels_column) and labels_column not in row:
+        raise missing_column("labels_column", labels_column, have, "the first sample")
+
+
 def lists_raw(data, labels, input_column: str, labels_column: str | None) -> RawTable:
     """Token sequences (lists, tuples, numpy arrays, a 2-d array or dict rows) as a RawTable."""
     if isinstance(data, np.ndarray) and data.ndim == 2 and data.dtype.kind in "iu":
@@ -163,6 +174,7 @@ def lists_raw(data, labels, input_column: str, labels_column: str | None) -> Raw
     else:
         if len(data) and all(isinstance(row, dict) for row in data[:1]):
             rows = data
+            _check_keys(rows[0], input_column, labels_column)
             data = [row.get(input_column) if isinstance(row, dict) else row for row in rows]
             if labels is None and labels_column:
                 found = [row.get(labels_column) if isinstance(row, dict) else None for row in rows]

@@ -14,8 +14,9 @@ from functools import cached_property
 import numpy as np
 import pyarrow as pa
 
+from packer.arguments import missing_column, named
 from packer.contract.names import IGNORE_INDEX
-from packer.errors import InputError
+from packer.errors import InputError, option
 from packer.read.flatten import fast_flatten
 from packer.read.formats import RawTable
 from packer.read.reasons import INT32_MAX, REASON_CODE, REASONS
@@ -117,6 +118,8 @@ class _Checked:
             return f"no '{name}' in this sample"
         if code == "empty":
             return f"empty sample: '{name}' is []"
+        if code == "missing_labels" and named(lab):
+            return f"no '{lab}' in this sample ({option('labels_column')} names it: every sample needs it)"
         if code == "missing_labels":
             return f"no '{lab}' in this sample, though other samples have them"
         if code == "labels_length":
@@ -152,7 +155,9 @@ def _check_table(
 ) -> _Checked:
     table = raw.table
     if input_column not in table.column_names:
-        raise InputError(f"no '{input_column}' column", where=where)
+        raise missing_column("input_column", input_column, table.column_names, where)
+    if labels_column and named(labels_column) and labels_column not in table.column_names:
+        raise missing_column("labels_column", labels_column, table.column_names, where)
     n = table.num_rows
     ids = _flatten(table.column(input_column))
     parse = raw.parse_codes if raw.parse_codes is not None else np.zeros(n, np.uint8)
@@ -163,7 +168,7 @@ def _check_table(
     labels = None
     if labels_column and labels_column in table.column_names:
         labels = _flatten(table.column(labels_column))
-        if (labels.is_null | (parse != 0)).all():
+        if (labels.is_null | (parse != 0)).all() and not named(labels_column):
             labels = None  # JSONL without the key at all
     # Assign from the lowest priority up, so the most basic problem of a row is the one named.
     if labels is not None:
@@ -202,7 +207,8 @@ def validate(
         if raw.parse_codes is None
         else None
     )
-    if fast is not None:  # every row valid: one compiled pass, no per-row codes needed
+    if fast is not None and (fast[2] is not None or not (labels_column and named(labels_column))):
+        # every row valid: one compiled pass, no per-row codes needed
         tokens, lengths, lab = fast
         return tokens, lengths, lab, None, lab is not None
     checked = _check_table(raw, str(src.path), input_column, labels_column)
