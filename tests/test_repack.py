@@ -241,6 +241,55 @@ def test_repack_refuses_split_labels_it_cannot_restore(cli, tmp_path: Path, dama
     assert no_leftovers(tmp_path) == []
 
 
+def _tamper_one_token(shard: Path) -> None:
+    """Change the first token of the first row in place: same size, one id different."""
+    import numpy as np
+    import pyarrow as pa
+
+    with pa.memory_map(str(shard)) as src:
+        first = pa.ipc.open_stream(src).read_next_batch().column("input_ids")[0].values
+    ids = first.to_numpy()[:8].astype("<i4")
+    data = bytearray(shard.read_bytes())
+    at = data.find(ids.tobytes())
+    assert at >= 0
+    changed = ids.copy()
+    changed[0] += 1
+    data[at : at + 32] = changed.tobytes()
+    shard.write_bytes(bytes(data))
+    assert np.frombuffer(bytes(data[at : at + 32]), "<i4")[0] == ids[0] + 1
+
+
+@pytest.mark.parametrize("damage", ["one-token", "truncated", "missing"])
+def test_repack_of_a_corrupted_output_is_bad_data(cli, data_dir: Path, tmp_path: Path, damage):
+    """A packer output whose shard changed after packing is bad input data: exit 1, not 2."""
+    packed = tmp_path / "packed"
+    assert cli("pack", data_dir / "a.jsonl", "-o", packed, "-L", "512").exit_code == 0
+    manifest = json.loads((packed / "manifest.json").read_text())
+    shard = packed / manifest["shards"][0]["file"]
+    size = shard.stat().st_size
+    if damage == "one-token":
+        _tamper_one_token(shard)
+        assert shard.stat().st_size == size
+        why = "differs from manifest.json (changed after packing)"
+    elif damage == "truncated":
+        shard.write_bytes(shard.read_bytes()[: size // 2])
+        why = f"{size // 2} bytes where manifest.json records {size}"
+    else:
+        shard.unlink()
+        why = "listed in manifest.json but missing"
+    out = tmp_path / "out"
+    r = cli("pack", packed, "-o", out, "-L", "1024", "--repack")
+    assert r.exit_code == 1, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(shard) in lines[0] and why in lines[0], r.stderr
+    assert "run `packer verify` on it" in lines[0]
+    assert not out.exists()
+    assert no_leftovers(tmp_path) == []
+    with pytest.raises(packer.errors.InputError, match="manifest.json") as info:
+        packer.pack([packed], out, packer.PackConfig(max_len=1024), repack=True)
+    assert not isinstance(info.value, packer.errors.UsageError)
+
+
 def test_repack_refuses_mixed_or_several_inputs(cli, data_dir: Path, tmp_path: Path):
     p1, p2 = tmp_path / "p1", tmp_path / "p2"
     assert cli("pack", data_dir / "a.jsonl", "-o", p1, "-L", "512").exit_code == 0

@@ -255,8 +255,9 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
     return samples, _origin(directory, manifest, int(kept.size), num_input, absent)
 
 
-def _refuse(path: Path, what: str) -> PackedInputError:
-    return PackedInputError(
+def _refuse(path: Path, what: str) -> InputError:
+    """A packer output that is not what its manifest says: bad data (exit 1), not bad options."""
+    return InputError(
         f"{what}: run `packer verify` on it; {option('repack=True', '--repack')} reads only "
         "an output that passes",
         where=str(path),

@@ -192,7 +192,8 @@ def _columns(manifest: dict) -> tuple:
     cfg = manifest["config"]
     if cfg.get("pairs"):
         return "pairs", cfg["prompt_column"], cfg["chosen_column"], cfg["rejected_column"]
-    return cfg["input_column"], cfg["labels_column"] or None
+    labels = cfg["labels_column"]  # read where the inputs have it, as pack read it
+    return cfg["input_column"], A.ColumnName(labels) if labels else None
 
 
 def _read_source(inputs: list, manifest: dict):
