@@ -126,18 +126,24 @@ def named(column) -> bool:
     return not (isinstance(column, ColumnName) and column.origin == "default")
 
 
+def column_option(name: str, column) -> str:
+    """How a message names a column option: its flag or parameter, or its key and the config
+    file it was read from."""
+    if isinstance(column, ColumnName) and column.origin != "default":
+        return f"{name} (in {column.origin})"
+    return option(name)
+
+
 def missing_column(name: str, column: str, have: list[str], where: str) -> OptionError:
     """The error for a column option naming a column that `where` does not have: the option,
     the columns that are there and the closest of them."""
     default = not named(column)
     if default:
         text = f"{where} has no '{column}' column"
-    elif isinstance(column, ColumnName):
-        text = f"{name} '{column}' (in {column.origin}) is not in {where}"
     else:
-        text = f"{option(name)} '{column}' is not in {where}"
+        text = f"{column_option(name, column)} '{column}' is not in {where}"
     text += f" (it has: {', '.join(have) or 'no columns'})"
-    close = difflib.get_close_matches(column, have, n=1, cutoff=0.8 if default else 0.6)
+    close = difflib.get_close_matches(column, have, n=1, cutoff=0.75 if default else 0.6)
     if name == "input_column" and default and _RAW_KEYS & set(have):
         text += (
             ": raw chats or text, which packer pack does not tokenize; tokenize them first "

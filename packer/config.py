@@ -11,7 +11,14 @@ from pathlib import Path
 import yaml
 
 from packer import arguments as A
-from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS, ColumnName, parse_size
+from packer.arguments import (
+    DEFAULT_INPUT,
+    DEFAULT_LABELS,
+    ColumnName,
+    column_option,
+    named,
+    parse_size,
+)
 from packer.contract.names import POLICIES
 from packer.errors import UsageError, option
 from packer.hashing import ALGORITHMS
@@ -103,12 +110,37 @@ class PackConfig:
             needs = option('engine="ray"', "--engine ray")
             raise UsageError(f"{option('ray_address')} needs {needs}")
         self.pairs = A.boolean(self.pairs, "pairs")
+        self._validate_column_use()
         if self.pairs:
             self._validate_pairs()
         self.cp_size = A.integer(self.cp_size, "cp_size", minimum=1)
         if self.cp_size > 1:
             self._validate_cp()
         return self
+
+    def _validate_column_use(self) -> None:
+        """A column option the run would not read is refused, not ignored: pairs read only
+        the pair columns, samples only the input and labels columns."""
+        pairs = option("pairs=True", "--pairs")
+        if not self.pairs:
+            for name in PAIR_FIELDS:
+                value = getattr(self, name)
+                if named(value):
+                    raise UsageError(
+                        f"{column_option(name, value)} is read only with {pairs} (preference "
+                        f"pairs); samples are read from {option('input_column')} and "
+                        f"{option('labels_column')}"
+                    )
+            return
+        for name in ("input_column", "labels_column"):
+            value = getattr(self, name)
+            if value and named(value):
+                raise UsageError(
+                    f"{column_option(name, value)} cannot be used with {pairs}: pairs are read "
+                    f"from {option('prompt_column')}, {option('chosen_column')} and "
+                    f"{option('rejected_column')}, and their labels are made from them (the "
+                    "prompt -100, each completion its own tokens)"
+                )
 
     def _validate_cp(self) -> None:
         """Every sample splits into 2 x cp_size equal chunks, so rows must too; CP runs on the
@@ -195,6 +227,7 @@ def load_yaml(path: str | Path) -> dict:
     manifest = isinstance(data.get("config"), dict) and (
         "packer_version" in data or "format_version" in data
     )
+    data_inputs = data.get("inputs")
     if manifest:
         # a packer manifest (JSON is YAML): its config section packs again exactly as it was
         data = data["config"]
@@ -206,11 +239,23 @@ def load_yaml(path: str | Path) -> dict:
             raise UsageError(f"unknown option '{key}' (known: {known})", where=str(path))
         values[name] = _coerce(name, value, path)
         if name in COLUMN_FIELDS and isinstance(values[name], str):
-            # errors name the config key and file; a manifest records the labels column
-            # whether or not its inputs had one, so there it stays optional
-            optional = manifest and name == "labels_column"
-            values[name] = ColumnName(values[name], "default" if optional else str(path))
+            # errors name the config key and file
+            values[name] = ColumnName(values[name], str(path))
+    if manifest:
+        _manifest_columns(values, data_inputs)
     return values
+
+
+def _manifest_columns(values: dict, inputs) -> None:
+    """A manifest records every column option, read or not: the ones its run did not read
+    are defaults again, and its labels column is named only when its inputs had labels."""
+    has_labels = isinstance(inputs, list) and any(
+        isinstance(i, dict) and i.get("has_labels") for i in inputs
+    )
+    unread = ("input_column", "labels_column") if values.get("pairs") else PAIR_FIELDS
+    for name in unread + (() if has_labels else ("labels_column",)):
+        if isinstance(values.get(name), str):
+            values[name] = ColumnName(values[name])
 
 
 def _coerce(name: str, value, path: Path):

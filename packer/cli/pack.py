@@ -256,6 +256,9 @@ def pack(
             },
         )
         _check_export_config(export_to, cfg, memory_budget)
+        _check_unused_flags(cfg, pad_id, on_error, repack)
+        # with --repack, --memory-budget is the export's: a repack reads in memory
+        memory_budget_pack = None if export_to is not None and repack else memory_budget
         with progress_bars(not json_out) as progress, sigterm_as_interrupt():
             result = run_pack(
                 inputs,
@@ -264,7 +267,7 @@ def pack(
                 overwrite=overwrite,
                 progress=progress,
                 workers=workers,
-                memory_budget=memory_budget,
+                memory_budget=memory_budget_pack,
                 repack=repack,
                 resume=resume,
             )
@@ -295,6 +298,22 @@ def pack(
                     markup=False,
                     soft_wrap=True,
                 )
+
+
+def _check_unused_flags(cfg, pad_id, on_error, repack: bool) -> None:
+    """Flags this run would not use are refused rather than ignored."""
+    from packer.errors import UsageError
+
+    if pad_id is not None and not cfg.pad and cfg.cp_size == 1:
+        raise UsageError(
+            "--pad-id is the token of --pad's row padding and --cp-size's sample padding; "
+            "without either nothing is padded"
+        )
+    if on_error is not None and repack:
+        raise UsageError(
+            "--on-error cannot be used with --repack: a packer output holds only the samples "
+            "that passed when it was packed"
+        )
 
 
 def _check_export_config(export_to: str | None, cfg, memory_budget) -> None:

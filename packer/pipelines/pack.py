@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from packer import arguments as A
-from packer.arguments import parse_size
+from packer.arguments import column_option, named, parse_size
 from packer.config import PackConfig
 from packer.contract.names import MANIFEST
 from packer.errors import UsageError, option
@@ -158,6 +158,7 @@ def _run(
             f"{option('repack=True', '--repack')} cannot be used with {option('cp_size')} "
             "(repack the samples first, then pack them with it)"
         )
+    _check_unused(cfg, repack, blocks, memory_budget, out_of_core)
     if repack:
         from packer.pipelines.repack import pack_repack
 
@@ -188,6 +189,27 @@ def _run(
         )
     result.skipped_inputs = [str(p) for p in skipped]
     return result
+
+
+def _check_unused(cfg, repack: bool, blocks: bool, memory_budget, out_of_core) -> None:
+    """Options this run would not use are refused rather than ignored."""
+    rp = option("repack=True", "--repack")
+    for name in ("input_column", "labels_column"):
+        value = getattr(cfg, name)
+        if repack and value and named(value):
+            raise UsageError(
+                f"{column_option(name, value)} cannot be used with {rp}: a packer output's "
+                "columns are read as it wrote them"
+            )
+    mode = rp if repack else option("pairs") if cfg.pairs else None
+    if mode is not None and memory_budget is not None:
+        raise UsageError(
+            f"{option('memory_budget')} cannot be used with {mode}, which reads its input in memory"
+        )
+    if (mode is not None or blocks) and out_of_core is not None:
+        raise UsageError(
+            f"{option('out_of_core')} is for one-plan sample runs (not {mode or 'block runs'})"
+        )
 
 
 def _check_resume(blocks: bool) -> None:

@@ -55,6 +55,11 @@ class RemoteOutput:
     def _check(self, overwrite: bool) -> None:
         if self.url.protocol in ("s3", "gs") and self.store.entry(self.url.bucket) is None:
             raise UsageError("the bucket does not exist", where=self.shown)
+        entry = self.store.entry(self.url.path) if self.url.path.strip("/") else None
+        if entry is not None and not entry.is_dir:  # as a local output that is a file
+            raise UsageError(
+                "output path exists and is not a directory (an object)", where=self.shown
+            )
         found = read_remote_manifest(self.url)
         if found is not None:
             if not overwrite:
