@@ -94,7 +94,8 @@ def pack(
     labels_column: Optional[str] = typer.Option(
         None,
         "--labels-column",
-        help="Column holding labels (-100 = no loss); when absent, labels are the input ids. "
+        help="Column holding labels (-100 = no loss). The default is read where the input has "
+        "it (elsewhere labels are the input ids); a column named here must be in every sample. "
         + config_default("labels"),
     ),
     pairs: Optional[bool] = typer.Option(
