@@ -260,3 +260,17 @@ def test_the_typo_in_a_real_process(tmp_path):
     assert r.returncode == EXIT_USAGE
     assert r.stderr.count("\n") == 1 and "did you mean 'labels'?" in r.stderr
     assert r.stdout == "" and not out.exists()
+
+
+def test_plan_and_out_of_core_reads_check_columns_too(cli, tmp_path):
+    data = inputs_of(tmp_path, "jsonl")
+    r = cli("plan", data, "-L", "512", "--input-column", "input_id")
+    assert r.exit_code == EXIT_USAGE
+    assert "--input-column 'input_id' is not in" in one_error_line(r)
+    with pytest.raises(OptionError, match="^labels_column 'label' is not in"):
+        packer.read_samples([data], labels_column="label")
+    out = tmp_path / "out"
+    cfg = packer.PackConfig(max_len=512, overlength="split", labels_column="label")
+    with pytest.raises(OptionError, match="^labels_column 'label' is not in"):
+        packer.pack([data], out, cfg, memory_budget="1MiB", out_of_core=True)
+    assert not out.exists()

@@ -16,6 +16,7 @@ import numpy as np
 
 from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS
 from packer.errors import InputError
+from packer.read.columns import check_files, sample_columns
 from packer.read.files import detect_format, expand_inputs, fingerprint
 from packer.read.formats import READERS
 from packer.read.samples import Rejects, Samples, SourceFile, as_chunks
@@ -82,6 +83,7 @@ def read_samples(
     if on_error not in ("error", "skip"):
         raise ValueError(f"on_error must be 'error' or 'skip', got {on_error!r}")
     paths = expand_inputs(inputs)
+    check_files(paths, sample_columns(input_column, labels_column))
     sources: list[SourceFile] = []
     ids_parts, len_parts, lab_parts, index_parts = [], [], [], []
     rejects = Rejects() if on_error == "skip" else None

@@ -27,6 +27,7 @@ from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS
 from packer.contract.names import TMP_MARK
 from packer.errors import InputError
 from packer.read.assemble import assemble_offsets, check_schema, new_source
+from packer.read.columns import check_files, sample_columns
 from packer.read.files import detect_format, expand_inputs
 from packer.read.formats import _JSON_BLOCK, READERS, RawTable, _json_schema, _list_of_int
 from packer.read.progress import open_input
@@ -259,6 +260,7 @@ def stream_samples(
     if on_error not in ("error", "skip"):
         raise ValueError(f"on_error must be 'error' or 'skip', got {on_error!r}")
     paths = expand_inputs(inputs)
+    check_files(paths, sample_columns(input_column, labels_column))
     columns = [input_column] + ([labels_column] if labels_column else [])
     out = (_Appender(cache_dir / "tokens.i32"), _Appender(cache_dir / "labels.i32"))
     sources = []

@@ -25,6 +25,14 @@ from packer.storage import display, is_url
 _FIRST_LINE_LIMIT = 64 << 20  # a first JSONL line longer than this is left to the reader
 
 
+def sample_columns(input_column: str, labels_column: str | None) -> dict[str, str]:
+    """The columns a read of samples needs: option name -> column."""
+    wanted = {"input_column": input_column}
+    if labels_column and named(labels_column):
+        wanted["labels_column"] = labels_column
+    return wanted
+
+
 def wanted_columns(cfg: PackConfig) -> dict[str, str]:
     """The column options a run reads that the inputs must have: option name -> column."""
     if cfg.pairs:
@@ -33,16 +41,17 @@ def wanted_columns(cfg: PackConfig) -> dict[str, str]:
             "chosen_column": cfg.chosen_column,
             "rejected_column": cfg.rejected_column,
         }
-    wanted = {"input_column": cfg.input_column}
-    if cfg.labels_column and named(cfg.labels_column):
-        wanted["labels_column"] = cfg.labels_column
-    return wanted
+    return sample_columns(cfg.input_column, cfg.labels_column)
 
 
 def check_columns(files: list[Path | str], cfg: PackConfig) -> None:
     """Refuse (`OptionError`, before reading) a column option that names a column some input
     file does not have."""
-    wanted = wanted_columns(cfg)
+    check_files(files, wanted_columns(cfg))
+
+
+def check_files(files: list[Path | str], wanted: dict[str, str]) -> None:
+    """`check_columns` for the columns `wanted` (option name -> column)."""
     for path in files:
         have, where = file_columns(path)
         if have is None:

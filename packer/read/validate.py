@@ -154,10 +154,11 @@ def _check_table(
     raw: RawTable, where: str, input_column: str, labels_column: str | None
 ) -> _Checked:
     table = raw.table
+    # the inputs' columns were checked before reading (packer.read.columns) where they could be
     if input_column not in table.column_names:
-        raise missing_column("input_column", input_column, table.column_names, where)
+        raise missing_column("input_column", input_column, None, where)
     if labels_column and named(labels_column) and labels_column not in table.column_names:
-        raise missing_column("labels_column", labels_column, table.column_names, where)
+        raise missing_column("labels_column", labels_column, None, where)
     n = table.num_rows
     ids = _flatten(table.column(input_column))
     parse = raw.parse_codes if raw.parse_codes is not None else np.zeros(n, np.uint8)
