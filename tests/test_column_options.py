@@ -274,3 +274,20 @@ def test_plan_and_out_of_core_reads_check_columns_too(cli, tmp_path):
     with pytest.raises(OptionError, match="^labels_column 'label' is not in"):
         packer.pack([data], out, cfg, memory_budget="1MiB", out_of_core=True)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("blocks", [[], ["--block-size", "1MiB"]])
+@pytest.mark.parametrize("fmt", ["jsonl.gz", "parquet", "arrow"])
+def test_remote_inputs_are_checked(cli, tmp_path, s3, fmt, blocks):
+    """Block runs read s3:// inputs in place, other runs a staged copy: both are named by URL."""
+    local = tmp_path / "data"
+    local.mkdir()
+    inputs_of(local, fmt)
+    url = s3.put_dir(local, "in")
+    out = tmp_path / "out"
+    r = cli("pack", url, "-o", out, *PACK, *blocks, "--labels-column", "label")
+    assert r.exit_code == EXIT_USAGE
+    line = one_error_line(r)
+    assert f"--labels-column 'label' is not in {url}/in.{fmt}" in line
+    assert "did you mean 'labels'?" in line
+    assert not out.exists()
