@@ -291,3 +291,16 @@ def test_remote_inputs_are_checked(cli, tmp_path, s3, fmt, blocks):
     assert f"--labels-column 'label' is not in {url}/in.{fmt}" in line
     assert "did you mean 'labels'?" in line
     assert not out.exists()
+
+
+def test_pack_dataset_refuses_column_options_it_would_ignore():
+    with pytest.raises(OptionError, match="^labels_column names a key of dict rows"):
+        packer.pack_dataset([[1, 2], [3]], 8, labels_column="labels")
+    with pytest.raises(OptionError, match="^input_column names a key of dict rows"):
+        packer.pack_dataset([[1, 2], [3]], 8, input_column="ids")
+    rows = [{"ids": [1, 2], "lab": [1, 2]}]
+    with pytest.raises(OptionError, match="^labels_column cannot be used with labels="):
+        packer.pack_dataset(rows, 8, input_column="ids", labels_column="lab", labels=[[5, 6]])
+    packed = packer.pack_dataset(rows, 8, input_column="ids", labels_column="lab")
+    assert packed.column("labels").to_pylist() == [[-100, 2]]
+    assert packer.pack_dataset([[1, 2], [3]], 8, labels=[[1, 2], [3]]).num_rows == 1

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from packer.arguments import missing_column, named
 from packer.config import PackConfig
-from packer.errors import InputError, UsageError
+from packer.errors import InputError, UsageError, option
 from packer.read.assemble import assemble_offsets, chunked_samples
 from packer.read.formats import RawTable, _line_problem, _list_of_int
 from packer.read.reasons import REASON_CODE
@@ -164,8 +164,26 @@ def _check_keys(row: dict, input_column: str, labels_column: str | None) -> None
         raise missing_column("labels_column", labels_column, have, "the first sample")
 
 
+def _unused_columns(data, labels, input_column: str, labels_column: str | None) -> None:
+    """Column options name keys of dict rows: with token sequences, or `labels_column` with
+    `labels=`, they would be ignored, so they are refused."""
+    dict_rows = not isinstance(data, np.ndarray) and isinstance(data[0], dict)
+    for name, value in (("input_column", input_column), ("labels_column", labels_column)):
+        if not value or not named(value):
+            continue
+        if name == "labels_column" and labels is not None:
+            raise UsageError(f"{option(name)} cannot be used with labels=, which gives the labels")
+        if not dict_rows:
+            raise UsageError(
+                f"{option(name)} names a key of dict rows or a column of a table; token "
+                "sequences have none"
+            )
+
+
 def lists_raw(data, labels, input_column: str, labels_column: str | None) -> RawTable:
     """Token sequences (lists, tuples, numpy arrays, a 2-d array or dict rows) as a RawTable."""
+    if len(data):
+        _unused_columns(data, labels, input_column, labels_column)
     if isinstance(data, np.ndarray) and data.ndim == 2 and data.dtype.kind in "iu":
         n, width = data.shape
         offsets = np.arange(n + 1, dtype=np.int64) * width
