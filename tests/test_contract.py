@@ -39,7 +39,7 @@ def broken(tmp_path: Path, text: str) -> Path:
 def test_read_manifest_names_the_directory_when_it_is_no_output(tmp_path):
     with pytest.raises(UsageError) as info:
         read_manifest(tmp_path / "absent")
-    assert str(info.value) == f"{tmp_path / 'absent'}: not a directory"
+    assert str(info.value) == f"{tmp_path / 'absent'}: no such directory"
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match="not a directory"):
         read_manifest(tmp_path / "file")

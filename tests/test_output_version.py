@@ -64,7 +64,7 @@ def test_a_replaced_or_rewritten_output_is_noticed(tmp_path):
 def test_what_is_not_an_output_is_one_line(tmp_path):
     with pytest.raises(UsageError) as info:
         OutputVersion(tmp_path / "absent")
-    assert str(info.value) == f"{tmp_path / 'absent'}: not a directory"
+    assert str(info.value) == f"{tmp_path / 'absent'}: no such directory"
     with pytest.raises(UsageError) as info:
         OutputVersion(tmp_path)
     assert str(info.value) == f"{tmp_path}: no manifest.json: not a packer output"

@@ -585,7 +585,7 @@ def test_rows_are_numbered_across_record_batches(cli, packed, tmp_path):
 def test_manifest_errors_are_usage_errors(cli, packed, tmp_path):
     res = cli("verify", tmp_path / "nothing")
     assert res.exit_code == 2
-    assert res.stderr.strip() == f"error: {tmp_path / 'nothing'}: not a directory"
+    assert res.stderr.strip() == f"error: {tmp_path / 'nothing'}: no such directory"
     out = copy_output(packed[0], tmp_path / "bad")
     (out / "manifest.json").write_text("{")
     res = cli("verify", out)

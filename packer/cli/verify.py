@@ -136,6 +136,14 @@ def verify(
         help="Run the structure, manifest and input checks alone (no torch needed); the "
         f"attention and model checks are reported as not run. {OFF}",
     ),
+    memory_budget: Optional[str] = typer.Option(
+        None,
+        "--memory-budget",
+        help="Cap on the attention checks' working memory, e.g. 4GiB: the CPU attention runs "
+        "in query blocks that fit it (a smaller budget: more, smaller blocks); a budget below "
+        "what the rows need at least is refused. [default: min(8GiB, half of available "
+        "memory)]",
+    ),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -167,6 +175,7 @@ def verify(
             model_dir=model_dir,
             progress=progress,
             cp_size=cp_size,
+            memory_budget=memory_budget,
         )
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")

@@ -83,6 +83,8 @@ def no_manifest(directory: Path) -> PackerError:
     """Why a reader cannot read `directory`, which has no manifest.json, in one line."""
     if has_leftovers(directory):
         return incomplete_output(str(directory))
+    if not directory.exists():
+        return UsageError("no such directory", where=str(directory))
     if not directory.is_dir():
         return UsageError("not a directory", where=str(directory))
     return UsageError("no manifest.json: not a packer output", where=str(directory))

@@ -17,6 +17,7 @@ from packer import arguments as A
 from packer.contract.remote import local_copy
 from packer.errors import UsageError, option
 from packer.storage import display, is_url
+from packer.verify.memory import budget_bytes, check_budget
 from packer.verify.output_version import OutputVersion
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
 
@@ -87,6 +88,7 @@ def verify(
     model_dir: str | Path | None = None,
     progress: Progress | None = None,
     cp_size: int | None = None,
+    memory_budget: int | str | None = None,
 ) -> VerifyResult:
     """Verify a packer output; the result says which checks passed and what differs where.
 
@@ -99,6 +101,9 @@ def verify(
     prints nothing).
     `cp_size`: on an output packed without `--cp-size`, whether every row can be split for
     that CP size (the `cp` check); a CP output is checked for its own CP size regardless.
+    `memory_budget` (bytes or a size such as "4GiB"; default min(8 GiB, half of available
+    memory), as for `pack`): the CPU attention runs in blocks that fit it; a budget below what
+    the output's rows need at least is a `UsageError` before any check runs.
 
     Every file is read from one version of the output: if it is replaced while it is checked
     (`pack --overwrite`), the checks run again on the new one; replaced again, a `UsageError`.
@@ -110,9 +115,12 @@ def verify(
         count = parse_rows(rows)
         seed = A.integer(seed, "seed", minimum=0)
         cp_size = A.integer(cp_size, "cp_size", minimum=1, none=True)
-        chosen = _backend(attention, backend, dtype, model_check, model_dir)
+        budget = budget_bytes(memory_budget)
+        chosen = _backend(attention, backend, dtype, model_check, model_dir, budget)
 
         def run(path: Path, manifest: dict, source) -> dict:
+            if chosen is not None:  # before any work: refuse a budget the rows cannot run in
+                check_budget(int(manifest["config"]["max_len"]), chosen[0], model_check, budget)
             return _run_checks(
                 path,
                 manifest,
@@ -125,6 +133,7 @@ def verify(
                 dtype,
                 progress,
                 cp_size,
+                budget,
             )
 
         inputs = list(inputs or [])
@@ -149,14 +158,14 @@ def verify(
     )
 
 
-def _backend(attention: bool, backend: str, dtype, model_check: bool, model_dir):
+def _backend(attention: bool, backend: str, dtype, model_check: bool, model_dir, budget: int):
     """The attention backend and dtype to use (None without attention): usage errors come
     before any work."""
     if attention:
         _require_torch()
         from packer.verify.backends import resolve
 
-        return resolve(backend, dtype)
+        return resolve(backend, dtype, budget)
     if model_check or model_dir is not None:
         asked = (
             option("model_check", "--model-check")
@@ -220,6 +229,7 @@ def _run_checks(
     dtype: str | None,
     progress: Progress | None,
     cp_size: int | None = None,
+    budget: int | None = None,
 ) -> dict[str, CheckResult]:
     """Every check on the output read through `out` (one version of it)."""
     from packer.verify.structure import check_structure
@@ -276,17 +286,19 @@ def _run_checks(
     control = add(CheckResult("negative_control"))
     backend_obj, dtype_name = chosen
     on_row = _stage(progress, STAGE_ATTENTION)
-    run_attention(picked, backend_obj, dtype_name, seed, attention_check, control, on_row)
+    run_attention(picked, backend_obj, dtype_name, seed, attention_check, control, on_row, budget)
     if cp_check is not None:
         from packer.verify.cp_attention import run_cp_attention
 
         size = cp_size if cp_size and cp_size > 1 else packed_cp
         on_row = _stage(progress, STAGE_CP_ATTENTION)
-        run_cp_attention(statuses, size, count, seed, add(CheckResult("cp_attention")), on_row)
+        cp_result = add(CheckResult("cp_attention"))
+        run_cp_attention(statuses, size, count, seed, cp_result, on_row, budget)
     if model_check:
         from packer.verify.model_check import run_model_check
 
-        run_model_check(picked, seed, add(CheckResult("model")), _stage(progress, STAGE_MODEL))
+        model_result = add(CheckResult("model"))
+        run_model_check(picked, seed, model_result, _stage(progress, STAGE_MODEL), budget)
     else:
         add(_not_run("model", "not asked (--model-check)"))
     if model_dir is not None:

@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer.verify.backends import Backend
+from packer.verify.forwards import causal_sdpa
+from packer.verify.memory import ATTENTION_HEADS, budget_bytes
 from packer.verify.picked_rows import RowInput, alone_segments, sample_failure, sample_label
 from packer.verify.result import CheckResult, Failure
 
 # packed vs alone and vs the fp32 reference (DESIGN.md: across implementations)
 TOLERANCE = {"bf16": 2e-2, "fp16": 2e-3, "fp32": 1e-5}
 LEAK_FACTOR = 10.0  # the negative control must differ by at least this times the tolerance
-HEADS, HEAD_DIM = 4, 64
+HEADS, HEAD_DIM = ATTENTION_HEADS, 64
 TABLE_ROWS = 4093  # q/k/v come from a seeded random table indexed by token id modulo this
 
 
@@ -46,17 +48,10 @@ def qkv_from_tokens(ids: np.ndarray, seed: int, device: str, dtype):
     return qkv[:, 0].contiguous(), qkv[:, 1].contiguous(), qkv[:, 2].contiguous()
 
 
-def reference_attention(q, k, v):
-    """fp32 causal attention over one sample (SDPA), the cross-implementation witness."""
-    import torch.nn.functional as F
-
-    out = F.scaled_dot_product_attention(
-        q.float().transpose(0, 1),
-        k.float().transpose(0, 1),
-        v.float().transpose(0, 1),
-        is_causal=True,
-    )
-    return out.transpose(0, 1)
+def reference_attention(q, k, v, budget: int | None = None):
+    """fp32 causal attention over one sample (SDPA), the cross-implementation witness; on the
+    CPU in query blocks that fit `budget` (`forwards.causal_sdpa`)."""
+    return causal_sdpa(q.float(), k.float(), v.float(), budget_bytes(budget))
 
 
 def _sync(device: str) -> None:
@@ -77,6 +72,7 @@ class _Run:
     threshold: float
     isolation: CheckResult
     control: CheckResult
+    budget: int  # bytes the CPU reference's query blocks may hold (`memory.block_queries`)
     iso_max: float = 0.0
     ref_max: float = 0.0
     first_max: float = 0.0
@@ -119,7 +115,9 @@ class _Run:
         seg_cu = torch.tensor([0, b - a], dtype=torch.int32, device=backend.device)
         alone = backend.forward(q[a:b], k[a:b], v[a:b], seg_cu, b - a).float()
         iso = float((packed[a:b] - alone).abs().max())
-        ref = float((packed[a:b] - reference_attention(q[a:b], k[a:b], v[a:b])).abs().max())
+        ref = float(
+            (packed[a:b] - reference_attention(q[a:b], k[a:b], v[a:b], self.budget)).abs().max()
+        )
         leak = float((causal[a:b] - alone).abs().max())
         self.iso_max, self.ref_max = max(self.iso_max, iso), max(self.ref_max, ref)
         label = sample_label(item.shard, item.row, item.data, a, b, j)
@@ -166,17 +164,19 @@ def run_attention(
     isolation: CheckResult,
     control: CheckResult,
     on_row: Callable[[int, int], None] | None = None,
+    budget: int | None = None,
 ) -> None:
     """Packed forward vs each sample alone (isolation), and plain causal (negative control).
 
-    on_row(done, total) after each row: on the CPU a row of 4k tokens takes seconds.
+    on_row(done, total) after each row: on the CPU a row of 4k tokens takes seconds. `budget`:
+    the bytes the fp32 reference's blocks may hold (default: `--memory-budget`'s default).
     """
     import torch
 
     torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     tol = TOLERANCE[dtype]
     threshold = LEAK_FACTOR * tol
-    run = _Run(backend, torch_dtype, seed, tol, threshold, isolation, control)
+    run = _Run(backend, torch_dtype, seed, tol, threshold, isolation, control, budget_bytes(budget))
     t_start = time.perf_counter()
     if on_row:
         on_row(0, len(rows))

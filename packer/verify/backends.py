@@ -101,7 +101,8 @@ def _torch_varlen():
         return getattr(torch.ops.aten, "_flash_attention_forward", None)
 
 
-def build_backend(name: str, cuda: bool) -> Backend:
+def build_backend(name: str, cuda: bool, budget: int | None = None) -> Backend:
+    """The backend `name`; the CPU reference runs in query blocks that fit `budget`."""
     device = "cuda" if cuda and name != "cpu" else "cpu"
     if name == "flash-attn":
         from flash_attn import flash_attn_varlen_func
@@ -118,17 +119,17 @@ def build_backend(name: str, cuda: bool) -> Backend:
     if name == "flex":
         fwd, call = make_flex_forward(device, compiled=device == "cuda")
         return Backend(name, device, fwd, call, DTYPES)
-    fwd, call = make_cpu_forward()
+    fwd, call = make_cpu_forward(budget)
     return Backend("cpu", "cpu", fwd, call, DTYPES)
 
 
-def resolve(requested: str, dtype: str | None) -> tuple[Backend, str]:
+def resolve(requested: str, dtype: str | None, budget: int | None = None) -> tuple[Backend, str]:
     """The backend and dtype to run, or a UsageError saying why the request cannot run."""
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"unknown {option('dtype')} '{dtype}' (choose from {', '.join(DTYPES)})")
     probes = probe_backends()
     name = select_backend(requested, probes)
-    backend = build_backend(name, probes["_cuda"] is None)
+    backend = build_backend(name, probes["_cuda"] is None, budget)
     dtype = dtype or default_dtype(name, backend.device)
     if dtype not in backend.dtypes:
         raise UsageError(

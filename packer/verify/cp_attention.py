@@ -30,6 +30,7 @@ import numpy as np
 from packer.contract.shards import ShardArrays
 from packer.planning.cp import zigzag_index
 from packer.verify.attention import LEAK_FACTOR, TOLERANCE, qkv_from_tokens, reference_attention
+from packer.verify.memory import budget_bytes
 from packer.verify.picked_rows import (
     RowInput,
     alone_segments,
@@ -210,6 +211,7 @@ class _Run:
     cp_size: int
     seed: int
     result: CheckResult
+    budget: int | None = None  # for the samples run alone (`reference_attention`)
     rows: int = 0
     samples: int = 0
     tokens: int = 0
@@ -224,7 +226,14 @@ class _Run:
         alone = []
         for j, (a, b) in enumerate(alone_segments(row.positions)[: row.samples]):
             n = int(min(b - a, row.real[j])) if j < row.real.size else b - a
-            alone.append((j, a, b, reference_attention(q[a : a + n], k[a : a + n], v[a : a + n])))
+            alone.append(
+                (
+                    j,
+                    a,
+                    b,
+                    reference_attention(q[a : a + n], k[a : a + n], v[a : a + n], self.budget),
+                )
+            )
         out = ring_attention(q, k, v, row.cu_padded, self.cp_size)
         if row.item is not None:
             self.rows, self.tokens = self.rows + 1, self.tokens + len(row.ids)
@@ -285,9 +294,11 @@ def run_cp_attention(
     seed: int,
     result: CheckResult,
     on_row: Callable[[int, int], None] | None = None,
+    budget: int | None = None,
 ) -> None:
     """Simulate `cp_size` ranks over `count` rows that split for it (picked with `seed`, as the
-    attention check picks), and the negative controls; fill `result`."""
+    attention check picks), and the negative controls; fill `result`. `budget`: what the
+    samples run alone may hold (the ring's blocks hold QUERY_BLOCK_SCORES at most)."""
     import torch
 
     t0 = time.perf_counter()
@@ -298,7 +309,7 @@ def run_cp_attention(
             if splits(st.shard, int(r), cp_size):
                 candidates.append((s, int(r), int(n_seg[r])))
     rows = [ring_row(statuses[s].shard, r) for s, r in pick_rows(candidates, count, seed)]
-    run = _Run(cp_size, seed, result)
+    run = _Run(cp_size, seed, result, budget_bytes(budget))
     if on_row:
         on_row(0, len(rows))
     with torch.inference_mode():

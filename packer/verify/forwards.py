@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable
 
 from packer.errors import UsageError
+from packer.verify.memory import block_queries, budget_bytes
 
 Forward = Callable  # (q, k, v, cu_seqlens int32, max_seqlen int) -> (T, H, D)
 
@@ -115,16 +116,51 @@ def check_varlen_call(q, cu, max_seqlen) -> None:
         raise ValueError(f"max_seqlen is {max_seqlen} but the longest segment has {longest} tokens")
 
 
-def make_cpu_forward() -> tuple[Forward, str]:
+def causal_sdpa(q, k, v, budget: int, cu=None):
+    """Causal SDPA over (T, H, D) tensors, within the segments of `cu` (None: one sequence).
+
+    A row whose scores fit a share of `budget` (or any row off the CPU, where SDPA's fused
+    kernels hold no T x T scores) runs in one call, under the dense block-diagonal mask; a
+    longer one in query blocks (`memory.block_queries`), each over the keys from its first
+    query's segment start to its last query, so no call holds more than its share. The calls
+    take 4-D (1, H, T, D) tensors: on the CPU that runs torch's fused flash kernel, 3-4x faster
+    than the unfused math SDPA takes 3-D ones to (which the block sizes still allow for)."""
+    import torch
     import torch.nn.functional as F
+
+    n, heads = q.shape[0], q.shape[1]
+    qt, kt, vt = (x.transpose(0, 1)[None] for x in (q, k, v))
+    if q.device.type != "cpu" or block_queries(n, 0, heads, budget) >= n:
+        if cu is None:
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)[0].transpose(0, 1)
+        mask = block_causal_mask(cu, n)
+        return F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)[0].transpose(0, 1)
+    positions = torch.arange(n)
+    first = None if cu is None else cu.long()[segment_ids(cu, n)]  # each query's first key
+    out = torch.empty_like(qt)
+    s = 0
+    while s < n:
+        lo = 0 if first is None else int(first[s])
+        e = s + block_queries(n - s, s - lo, heads, budget)
+        keys = positions[None, lo:e]
+        mask = keys <= positions[s:e, None]
+        if first is not None:
+            mask &= keys >= first[s:e, None]
+        out[:, :, s:e] = F.scaled_dot_product_attention(
+            qt[:, :, s:e], kt[:, :, lo:e], vt[:, :, lo:e], attn_mask=mask
+        )
+        s = e
+    return out[0].transpose(0, 1)
+
+
+def make_cpu_forward(budget: int | None = None) -> tuple[Forward, str]:
+    """The CPU reference: SDPA under the block-diagonal causal mask, in query blocks that fit
+    `budget` (default: `--memory-budget`'s default)."""
+    budget = budget_bytes(budget)
 
     def forward(q, k, v, cu, max_seqlen):
         check_varlen_call(q, cu, max_seqlen)
-        mask = block_causal_mask(cu, q.shape[0])
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
-        )
-        return out.transpose(0, 1)
+        return causal_sdpa(q, k, v, budget, cu)
 
     return forward, "scaled_dot_product_attention(attn_mask=block-diagonal causal)"
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.verify.memory import ATTENTION_HEADS, budget_bytes, refuse, verify_needs
 from packer.verify.picked_rows import RowInput, alone_segments, sample_failure, sample_label
 from packer.verify.result import CheckResult
 
@@ -142,8 +143,10 @@ def run_model_check(
     seed: int,
     result: CheckResult,
     on_row: Callable[[int, int], None] | None = None,
+    budget: int | None = None,
 ) -> None:
-    """The tiny model over each picked row, packed vs each sample alone; on_row(done, total)."""
+    """The tiny model over each picked row, packed vs each sample alone; on_row(done, total).
+    Its forward is dense: rows that need more than `budget` are refused (`memory.refuse`)."""
     import torch
 
     from packer.torch.tiny_model import build_tiny_model
@@ -157,6 +160,9 @@ def run_model_check(
         max(int(np.max(r.data["input_ids"])), int(np.max(r.data["labels"]))) for r in rows
     )
     longest = max(len(r.data["input_ids"]) for r in rows)
+    need = verify_needs(longest, ATTENTION_HEADS, model_vocab=vocab)
+    if need.bytes > budget_bytes(budget):
+        refuse(need, longest, budget_bytes(budget))
     model = build_tiny_model(seed, vocab_size=vocab, max_positions=max(longest, 16))
     run = _ModelRun(model, result)
     if on_row:

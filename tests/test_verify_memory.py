@@ -1,0 +1,151 @@
+"""verify under `--memory-budget`: the CPU attention runs in query blocks whose scores fit the
+budget and give the dense results, the estimate of what cannot be cut is a pure function of
+sizes, and a budget below it is refused in one line before any check runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import make_samples, write_jsonl
+
+import packer
+from packer.errors import UsageError
+from packer.verify import memory as M
+
+torch = pytest.importorskip("torch")
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+@pytest.mark.parametrize("budget", [MiB, 64 * MiB, 8 * GiB, 64 * GiB])
+@pytest.mark.parametrize("heads", [1, 4])
+@pytest.mark.parametrize("keys_before", [0, 1, 1000, 30000])
+def test_a_block_is_the_most_queries_that_fit_the_share(budget, heads, keys_before):
+    room = min(budget // M.BLOCK_SHARE, M.MAX_BLOCK_BYTES)
+
+    def held(block):
+        return heads * block * (keys_before + block) * M.SCORE_BYTES
+
+    for queries in (1, 10, 5000, 200_000):
+        block = M.block_queries(queries, keys_before, heads, budget)
+        assert 1 <= block <= queries
+        if block == queries or block == M.MIN_QUERIES:
+            continue
+        assert held(block) <= room < held(block + 1)
+
+
+def test_what_verify_needs_grows_with_the_row_and_names_its_cause():
+    small, large = (M.verify_needs(n, 4) for n in (4096, 32768))
+    assert small.what == large.what == "the attention check"
+    assert large.bytes > small.bytes
+    # blocks keep the attention check linear in the row; dense scores and the model are not
+    assert large.bytes < 8 * small.bytes + 1
+    assert M.verify_needs(32768, 4, dense=True).bytes > 60 * large.bytes
+    model = M.verify_needs(32768, 4, model_vocab=32000)
+    assert model.what == "--model-check" and model.bytes >= M.model_check_bytes(32768, 32000)
+    assert M.gib(512 * MiB) == "512 MiB" and M.gib(3 * GiB // 2) == "1.5 GiB"
+
+
+def test_blocked_attention_equals_one_call_and_holds_its_share(monkeypatch):
+    from packer.verify import forwards
+
+    gen = torch.Generator().manual_seed(0)
+    n = 700
+    q, k, v = (torch.randn(n, 4, 64, generator=gen) for _ in range(3))
+    cu = torch.tensor([0, 90, 91, 400, n], dtype=torch.int32)
+    whole = forwards.causal_sdpa(q, k, v, 64 * GiB, cu)
+    alone = forwards.causal_sdpa(q, k, v, 64 * GiB)
+    budget = 4 * MiB  # a 1 MiB share: blocks of about 70 queries
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counted(qb, kb, vb, **kw):
+        calls.append(qb.shape[1] * qb.shape[2] * kb.shape[2] * M.SCORE_BYTES)
+        return sdpa(qb, kb, vb, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counted)
+    blocked = forwards.causal_sdpa(q, k, v, budget, cu)
+    assert len(calls) > 5 and max(calls) <= budget // M.BLOCK_SHARE
+    assert float((blocked - whole).abs().max()) < 1e-6
+    calls.clear()
+    assert float((forwards.causal_sdpa(q, k, v, budget) - alone).abs().max()) < 1e-6
+    assert len(calls) > 5 and max(calls) <= budget // M.BLOCK_SHARE
+    # the segments stay apart in blocks: token 91's segment starts at 91
+    single = forwards.causal_sdpa(q[91:400], k[91:400], v[91:400], 64 * GiB)
+    assert float((blocked[91:400] - single).abs().max()) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def long_rows(tmp_path_factory):
+    """A CP output (cp_size 2) of rows of 8,192 tokens: dense fp32 attention over one row
+    holds 4 x 8k x 8k scores (1 GiB), several copies of them in the unblocked SDPA."""
+    root = tmp_path_factory.mktemp("verify-memory")
+    src = write_jsonl(root / "in.jsonl", make_samples(40, seed=3, median=400))
+    out = root / "out"
+    packer.pack([src], out, packer.PackConfig(max_len=8192, pad=True, cp_size=2))
+    return out
+
+
+def _peak_rss(*args: str) -> tuple[subprocess.CompletedProcess, int]:
+    """Run `packer ARGS` in a child and return it with its peak RSS in bytes (ru_maxrss of
+    the children of a wrapper that runs only it)."""
+    wrapper = (
+        "import resource, subprocess, sys; "
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+        "sys.stdout.write(r.stdout); sys.stderr.write(r.stderr); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024, file=sys.stderr); "
+        "sys.exit(r.returncode)"
+    )
+    cmd = [sys.executable, "-c", wrapper, sys.executable, "-m", "packer", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=_env())
+    *lines, peak = res.stderr.strip().splitlines()
+    res.stderr = "\n".join(lines)
+    return res, int(peak)
+
+
+def _env():
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_verify_under_a_small_budget_passes_within_it(long_rows):
+    res, peak = _peak_rss(
+        "verify", str(long_rows), "--rows", "1", "--memory-budget", "256MiB", "--json"
+    )
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["checks"]["attention"]["tokens"] == 8192
+    assert report["checks"]["cp_attention"]["ok"] is True
+    # torch, numba and pyarrow take about 0.5 GiB before any check; the unblocked SDPA of one
+    # such row alone took 2.8 GiB
+    assert peak < GiB, f"peak RSS {peak / MiB:.0f} MiB"
+
+
+def test_a_budget_below_the_rows_is_refused_in_one_line(long_rows):
+    res, _ = _peak_rss("verify", str(long_rows), "--memory-budget", "16MiB")
+    assert res.returncode == 2
+    assert res.stderr.strip() == (
+        f"error: the attention check needs about {M.gib(M.verify_needs(8192, 4).bytes)} for "
+        "rows of 8,192 tokens, more than "
+        "--memory-budget 16 MiB: raise --memory-budget, or pass --no-attention"
+    )
+    res, _ = _peak_rss("verify", str(long_rows), "--model-check", "--memory-budget", "512MiB")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "--model-check needs about" in res.stderr and "leave out --model-check" in res.stderr
+
+
+def test_the_library_names_the_parameter(long_rows):
+    with pytest.raises(UsageError, match=r"more than memory_budget 16 MiB: raise memory_budget"):
+        packer.verify.verify(long_rows, memory_budget="16MiB")
+    with pytest.raises(UsageError, match="memory_budget must be a size"):
+        packer.verify.verify(long_rows, memory_budget="lots")
+
+
+def test_a_missing_output_is_no_such_directory(tmp_path):
+    res, _ = _peak_rss("verify", str(tmp_path / "dem0"))
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"error: {tmp_path / 'dem0'}: no such directory"
