@@ -265,3 +265,19 @@ def test_pack_refuses_an_export_output_inside_the_output_before_packing(tmp_path
     r = packer_cli(*args, "--export-output", str(tmp_path / "trl"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "trl" / EXPORT_MANIFEST).is_file()
+
+
+def test_a_changed_copy_of_a_remote_output_names_the_url(s3, tmp_path, runner):
+    from packer.contract.remote import local_copy
+
+    src = write_jsonl(tmp_path / "a.jsonl", make_samples(60, seed=5, median=60, max_len=L))
+    url = s3.url("p")
+    packer.pack([src], url, packer.PackConfig(max_len=L))
+    copy = local_copy(url)
+    name = json.loads((copy / "manifest.json").read_text())["shards"][0]["file"]
+    change_one_token(copy / name)
+    dest = tmp_path / "mds"
+    r = runner.invoke(app, ["export", url, "--to", "mds", "-o", str(dest)])
+    assert r.exit_code == 1, r.output
+    assert f"{url}/{name}: its xxh3_128 differs" in r.output and "PACKER_CACHE_DIR" in r.output
+    assert nothing_written(dest)

@@ -47,6 +47,7 @@ class Source:
     manifest_bytes: bytes
     name: str = ""  # as the user gave it (a URL without its credentials), for the manifest
     files: dict[str, int] = field(default_factory=dict)  # shard name -> open descriptor
+    copied: bool = False  # a local copy of an output on a store
 
     @property
     def shards(self) -> list[str]:
@@ -62,7 +63,7 @@ class Source:
     def reading(self, name: str) -> ShardReading:
         """Shard `name` read once, front to back, hashed as it goes."""
         entry = next(e for e in self.manifest["shards"] if e["file"] == name)
-        return ShardReading(self.files[name], entry, str(self.directory / name))
+        return ShardReading(self.files[name], entry, str(self.directory / name), self.copied)
 
     def batches_of(self, name: str, max_tokens: int | None = None) -> Iterator[RowBatch]:
         """The rows of shard `name`, one record batch at a time, or in runs of consecutive rows
@@ -89,13 +90,19 @@ class ShardReading:
     """One shard file, mapped from its open descriptor and read front to back: `arrays` hashes
     each record batch's bytes before yielding it and `check` compares the digest at the end."""
 
-    def __init__(self, fd: int, entry: dict, where: str):
+    def __init__(self, fd: int, entry: dict, where: str, copied: bool = False):
         self.where, self.entry = where, entry
+        self.changed = "the shard changed after packing" + (
+            " (or the local copy of it in the cache, PACKER_CACHE_DIR: remove that copy to "
+            "fetch the shard again)"
+            if copied
+            else ""
+        )
         self.size = os.fstat(fd).st_size
         if "bytes" in entry and self.size != int(entry["bytes"]):
             raise InputError(
-                f"{self.size} bytes where manifest.json records {entry['bytes']}: the shard "
-                "changed after packing; nothing was written",
+                f"{self.size} bytes where manifest.json records {entry['bytes']}: "
+                f"{self.changed}; nothing was written",
                 where=where,
             )
         if self.size == 0:
@@ -119,8 +126,8 @@ class ShardReading:
         self._hash_to(self.size)
         if self.digest.hexdigest() != self.recorded[1]:
             raise InputError(
-                f"its {self.recorded[0]} differs from manifest.json: the shard changed after "
-                "packing; nothing was written",
+                f"its {self.recorded[0]} differs from manifest.json: {self.changed}; "
+                "nothing was written",
                 where=self.where,
             )
 
@@ -166,10 +173,12 @@ def open_source(directory: str | Path) -> Source:
     manifest lists), with its manifest and every shard it lists open (one line if it is not
     an output, or changed while it was opened)."""
     name = str(directory)
-    if is_url(name):
+    copied = is_url(name)
+    if copied:
         directory = _copied(name)
         name = display(name)
     source = _opened(Path(directory), name)
+    source.copied = copied
     if source.manifest["config"].get("pairs"):
         source.close()
         raise UsageError(
