@@ -281,3 +281,26 @@ def test_a_changed_copy_of_a_remote_output_names_the_url(s3, tmp_path, runner):
     assert r.exit_code == 1, r.output
     assert f"{url}/{name}: its xxh3_128 differs" in r.output and "PACKER_CACHE_DIR" in r.output
     assert nothing_written(dest)
+
+
+def test_every_shard_is_held_open_under_a_low_open_file_limit(tmp_path):
+    """Export holds every shard open: a soft limit below that is raised, a hard one refused."""
+    src = write_jsonl(tmp_path / "in.jsonl", make_samples(300, seed=4, median=150, max_len=L))
+    out = tmp_path / "many"
+    packer.pack([src], out, packer.PackConfig(max_len=L, shard_rows=1))
+    shards = len(shards_of(out))
+    assert shards > 150
+    command = f"{sys.executable} -m packer export {out} --to trl -o {{dest}} --json"
+
+    def run(limits: str, dest: Path) -> subprocess.CompletedProcess:
+        line = f"{limits}; " + command.format(dest=dest)
+        return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=300)
+
+    r = run("ulimit -Sn 64", tmp_path / "soft")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["rows"] == shards
+    r = run(f"ulimit -n {shards + 100}", tmp_path / "hard")
+    assert r.returncode == 1, r.stderr
+    line = r.stderr.strip()
+    assert "\n" not in line and f"open-file limit is {shards + 100}" in line
+    assert nothing_written(tmp_path / "hard")

@@ -218,6 +218,7 @@ def _opened(directory: Path, name: str) -> Source:
                     continue
                 raise no_manifest(directory)
             manifest = parse_manifest(data, directory / MANIFEST)
+            _allow_open_files(len(manifest["shards"]), name or str(directory))
             for entry in manifest["shards"]:
                 files[entry["file"]] = _open_at(dir_fd, directory, entry["file"])
             return Source(directory, manifest, data, name, files)
@@ -236,6 +237,27 @@ def _opened(directory: Path, name: str) -> Source:
         finally:
             os.close(dir_fd)
     raise InputError(CHANGED, where=name or str(directory))
+
+
+def _allow_open_files(shards: int, where: str) -> None:
+    """Raise the soft open-file limit (up to the hard one) so that every shard can be held open
+    with room to spare; one line when the hard limit is too low."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: opened as far as the system allows
+        return
+    need = shards + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise InputError(
+            f"the output has {shards} shards and export holds every one open while it reads "
+            f"(one version of the output), but the open-file limit is {hard}: raise it "
+            "(ulimit -n) or repack with fewer, larger shards",
+            where=where,
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def _open_at(dir_fd: int, directory: Path, name: str) -> int:
