@@ -48,10 +48,12 @@ class Source:
     name: str = ""  # as the user gave it (a URL without its credentials), for the manifest
     files: dict[str, int] = field(default_factory=dict)  # shard name -> open descriptor
     copied: bool = False  # a local copy of an output on a store
+    shards: list[str] = field(init=False)  # the shard files, in the manifest's order
+    entries: dict[str, dict] = field(init=False)  # shard file -> its manifest entry
 
-    @property
-    def shards(self) -> list[str]:
-        return [entry["file"] for entry in self.manifest["shards"]]
+    def __post_init__(self) -> None:
+        self.shards = [entry["file"] for entry in self.manifest["shards"]]
+        self.entries = {entry["file"]: entry for entry in self.manifest["shards"]}
 
     @property
     def rows(self) -> int:
@@ -62,8 +64,8 @@ class Source:
 
     def reading(self, name: str) -> ShardReading:
         """Shard `name` read once, front to back, hashed as it goes."""
-        entry = next(e for e in self.manifest["shards"] if e["file"] == name)
-        return ShardReading(self.files[name], entry, str(self.directory / name), self.copied)
+        entry, where = self.entries[name], str(self.directory / name)
+        return ShardReading(self.files[name], entry, where, self.copied)
 
     def batches_of(self, name: str, max_tokens: int | None = None) -> Iterator[RowBatch]:
         """The rows of shard `name`, one record batch at a time, or in runs of consecutive rows
