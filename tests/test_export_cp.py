@@ -75,7 +75,7 @@ def test_trl_gets_real_samples_without_cp_padding(cp_packed, tmp_path):
 
 
 def test_row_batches_and_megatron_carry_real_samples(cp_packed, tmp_path):
-    from packer.export.rows import open_source
+    from packer.export.source import open_source
 
     _, out, samples, rows = cp_packed
     source = open_source(out)

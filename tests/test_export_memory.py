@@ -20,7 +20,8 @@ from packer.errors import UsageError
 from packer.export import EXPORT_MANIFEST, export
 from packer.export import megatron as megatron_module
 from packer.export import run as run_module
-from packer.export.rows import open_source, row_batch, row_runs
+from packer.export.rows import row_batch, row_runs
+from packer.export.source import open_source
 
 L = 256
 pytestmark = pytest.mark.xdist_group("export")

@@ -342,7 +342,7 @@ def _check_export_config(export_to: str | None, cfg, memory_budget) -> None:
 def _export_target(fmt: str | None, dest: Path | None, output: str, overwrite: bool):
     """Where `--export` writes, refused before any packing if it cannot be written."""
     from packer.errors import UsageError
-    from packer.export import FORMATS, check_destination
+    from packer.export import FORMATS, check_destination, check_outside
     from packer.storage import is_url
 
     if fmt is None:
@@ -359,5 +359,6 @@ def _export_target(fmt: str | None, dest: Path | None, output: str, overwrite: b
         )
     output = Path(output)
     dest = dest if dest is not None else output.with_name(f"{output.name}-{fmt}")
+    check_outside(dest, output, "--export-output")
     check_destination(dest, overwrite)
     return dest

@@ -11,6 +11,7 @@ from packer.export.run import (
     FORMATS,
     ExportResult,
     check_destination,
+    check_outside,
     export,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "FORMATS",
     "ExportResult",
     "check_destination",
+    "check_outside",
     "export",
 ]

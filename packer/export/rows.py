@@ -8,19 +8,14 @@ export costs a few vector operations per batch and never a Python loop per sampl
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from packer.contract.manifest import read_manifest
 from packer.contract.names import IGNORE_INDEX
-from packer.contract.remote import local_copy
-from packer.contract.shards import ShardArrays, read_shard
-from packer.errors import InputError, UsageError
+from packer.contract.shards import ShardArrays
+from packer.errors import InputError
 from packer.export.kernels import first_bad_position_row
-from packer.storage import display, is_url
 
 
 @dataclass
@@ -193,60 +188,3 @@ def label_mismatch(batch: RowBatch) -> int | None:
 
 def row_of_token(batch: RowBatch, token: int) -> int:
     return int(np.searchsorted(batch.off, token, side="right") - 1)
-
-
-@dataclass
-class Source:
-    """A committed packer output: its directory, manifest and the shard files it lists."""
-
-    directory: Path
-    manifest: dict
-    manifest_bytes: bytes
-    name: str = ""  # as the user gave it (a URL without its credentials), for the manifest
-
-    @property
-    def shards(self) -> list[str]:
-        return [entry["file"] for entry in self.manifest["shards"]]
-
-    def _parts(self, name: str) -> list[ShardArrays]:
-        path = self.directory / name
-        try:
-            return read_shard(path)
-        except FileNotFoundError:
-            raise InputError("a shard the manifest lists is missing", where=str(path)) from None
-        except ValueError as exc:
-            raise InputError(str(exc), where=str(path)) from None
-
-    def batches_of(self, name: str, max_tokens: int | None = None) -> Iterator[RowBatch]:
-        """The rows of shard `name`, one record batch at a time, or in runs of consecutive rows
-        of at most `max_tokens` tokens (a longer row alone) when a memory budget asks for it."""
-        for part in self._parts(name):
-            for lo, hi in row_runs(np.diff(part.ids_off.astype(np.int64)), max_tokens):
-                yield row_batch(part if (lo, hi) == (0, part.rows) else part.rows_slice(lo, hi))
-
-    def max_token_id(self) -> int:
-        """The largest input id of the output (a pass over the shards' `input_ids` only)."""
-        top = 0
-        for name in self.shards:
-            for part in self._parts(name):
-                if part.ids.size:
-                    top = max(top, int(part.ids.max()))
-        return top
-
-
-def open_source(directory: str | Path) -> Source:
-    """The output in `directory` (a path or a URL: then a local copy of the files its manifest
-    lists), read through its manifest (one line if it is not one)."""
-    name = str(directory)
-    if is_url(name):
-        directory = local_copy(name)
-        name = display(name)
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    if manifest["config"].get("pairs"):
-        raise UsageError(
-            "a pairs output (pack --pairs) holds preference pairs, which these formats would "
-            "train as separate samples; train it with packer.torch (docs/pairs.md)",
-            where=name,
-        )
-    return Source(directory, manifest, (directory / "manifest.json").read_bytes(), name)

@@ -18,10 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from packer.arguments import parse_size
-from packer.errors import UsageError, option
+from packer.errors import InputError, PackerError, UsageError, option
 from packer.export import mds, megatron, megatron_bridge, trl
-from packer.export.rows import Source, label_mismatch, open_source, row_of_token
+from packer.export.rows import label_mismatch, row_of_token
+from packer.export.source import Source, open_source
 from packer.hashing import file_digest
 from packer.read.cache import default_budget
 from packer.storage import display, is_url
@@ -95,6 +98,29 @@ def export(
     after every batch, from the writing threads one at a time."""
     started = time.perf_counter()
     source, dest = _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit)
+    try:
+        result = _export(
+            source,
+            to,
+            dest,
+            overwrite,
+            vocab_size,
+            eos_id,
+            accept,
+            mds_size_limit,
+            memory_budget,
+            progress,
+        )
+    finally:
+        source.close()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _export(
+    source, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_limit, memory_budget, progress
+) -> ExportResult:
+    """The export of an opened source (see `export`)."""
     max_len = int(source.manifest["config"]["max_len"])
     max_tokens = batch_tokens(max_len, to, memory_budget, mds_size_limit)
     total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
@@ -103,7 +129,8 @@ def export(
     result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, cp_size))
     with building(tmp, dest):
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
-        check = _checks(to, accept, cp_size, eos_id)
+        vocab = (getattr(writer, "vocab_size", None), vocab_size is not None)
+        check = _checks(to, accept, cp_size, eos_id, vocab)
         counts = _write_shards(writer, source, check, max_tokens, progress, total_rows)
         for rows, samples, tokens in counts:
             result.rows += rows
@@ -138,14 +165,15 @@ def export(
         }
         (tmp / EXPORT_MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         commit(tmp, dest, overwrite=overwrite)
-    result.seconds = time.perf_counter() - started
     return result
 
 
-def _checks(to: str, accept, cp_size: int, eos_id) -> Callable:
-    """What every batch must pass before the format takes it (raises UsageError)."""
+def _checks(to: str, accept, cp_size: int, eos_id, vocab: tuple) -> Callable:
+    """What every batch must pass before the format takes it (raises a PackerError)."""
 
     def check(batch) -> None:
+        if to == "megatron":
+            _refuse_ids_outside(batch, *vocab)
         if to == "megatron-bridge" and "labels-from-ids" not in accept:
             _refuse_label_mismatch(batch)
         if to == "megatron-bridge" and cp_size > 1:
@@ -157,14 +185,16 @@ def _checks(to: str, accept, cp_size: int, eos_id) -> Callable:
 def _write_shards(writer, source: Source, check, max_tokens: int, progress, total_rows: int):
     """Each source shard through `writer`, two at a time where its shards are separate files;
     the (rows, samples, tokens) of each shard, in shard order."""
-    threads = min(THREADS, len(source.shards)) if writer.PARALLEL else 1
+    threads = max(1, min(THREADS, len(source.shards))) if writer.PARALLEL else 1
     lock, done = threading.Lock(), [0]
 
     def one_shard(number: int) -> tuple[int, int, int]:
         shard = writer.shard(number)
         rows = samples = tokens = 0
+        reading = None
         try:
-            for batch in source.batches_of(source.shards[number], max_tokens):
+            reading = source.reading(source.shards[number])
+            for batch in reading.batches(max_tokens):
                 check(batch)
                 shard.write(batch)
                 rows += batch.rows
@@ -174,6 +204,10 @@ def _write_shards(writer, source: Source, check, max_tokens: int, progress, tota
                     with lock:
                         done[0] += batch.rows
                         progress(done[0], total_rows)
+        except PackerError:  # a shard changed after packing is named as that
+            if reading is not None:
+                reading.check()
+            raise
         finally:
             shard.close()
         return rows, samples, tokens
@@ -208,6 +242,20 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
             f"{option('mds_size_limit', '--mds-size-limit')} must be between 1 byte and 4 GiB"
         )
     source = open_source(output)
+    try:
+        return _checked_with(source, to, dest, overwrite, eos_id)
+    except BaseException:
+        source.close()
+        raise
+
+
+def _checked_with(source: Source, to, dest, overwrite, eos_id):
+    if source.rows == 0 and to in EMPTY_REFUSED:
+        raise InputError(
+            f"the output holds no rows (see its manifest's stats), and {EMPTY_REFUSED[to]}; "
+            "nothing was written",
+            where=source.name or str(source.directory),
+        )
     if to == "megatron-bridge" and cp_size_of(source) > 1 and eos_id is None:
         raise UsageError(
             f"{option('eos_id', '--eos-id')} is needed to export a --cp-size output to "
@@ -222,13 +270,27 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
             where=display(str(dest)),
         )
     dest = Path(dest)
-    resolved, src = dest.resolve(), source.directory.resolve()
-    if resolved == src or src in resolved.parents:
-        raise UsageError(
-            f"{option('dest', '--output')} must be outside the packer output", where=str(dest)
-        )
+    check_outside(dest, source.directory)
     check_destination(dest, overwrite)
     return source, dest
+
+
+# the formats whose own readers refuse an empty dataset (read in their sources, run here)
+EMPTY_REFUSED = {
+    "megatron": "Megatron-LM's IndexedDataset cannot map an empty .bin file",
+    "mds": "streaming's StreamingDataset refuses a stream without samples",
+    "megatron-bridge": "Megatron-Bridge's packed Parquet dataset refuses 0 rows",
+}
+
+
+def check_outside(dest: Path, output: Path, flag: str = "--output") -> None:
+    """Refuse an export destination inside the packer output it exports (`flag`: how the
+    command that takes it names it)."""
+    resolved, src = Path(dest).resolve(), Path(output).resolve()
+    if resolved == src or src in resolved.parents:
+        raise UsageError(
+            f"{option('dest', flag)} must be outside the packer output", where=str(dest)
+        )
 
 
 # shards of a format whose shards are separate files (TRL, Megatron-Bridge) written at once:
@@ -329,6 +391,30 @@ def _refuse_loss_in_eos_tail(batch, eos_id: int) -> None:
         f"row {row}: a sample ends in --eos-id {eos_id} tokens that carry loss; Megatron-Bridge's "
         "CP collate counts a sample's real tokens up to its last non-EOS id, so it would drop "
         "that loss; nothing was written",
+        where=batch.shard,
+    )
+
+
+def _refuse_ids_outside(batch, vocab_size: int, given: bool) -> None:
+    """Megatron stores ids as its dtype for `vocab_size` (`given` by the user, else the largest
+    id + 1): one outside 0..vocab_size-1 would wrap (100000 as uint16 is 34464) or index past
+    the embedding."""
+    ids = batch.ids
+    if not ids.size or (int(ids.min()) >= 0 and int(ids.max()) < vocab_size):
+        return
+    token = int(np.argmax((ids < 0) | (ids >= vocab_size)))
+    row = batch.first_row + row_of_token(batch, token)
+    what = f" ({option('vocab_size', '--vocab-size')} {vocab_size})" if given else ""
+    ident, dtype = int(ids[token]), megatron.optimal_dtype(vocab_size)
+    stored = int(ids[token : token + 1].astype(dtype)[0])
+    why = (
+        f"as {dtype.name} it would be stored as {stored}"
+        if stored != ident
+        else "the model's embedding has no row for it"
+    )
+    raise InputError(
+        f"row {row}: input id {ident} is outside the vocabulary 0..{vocab_size - 1}{what}: "
+        f"{why}; nothing was written",
         where=batch.shard,
     )
 

@@ -72,8 +72,10 @@ class TrlWriter:
     PARALLEL = True
 
     def __init__(self, tmp: Path, shards: int, fingerprint: str):
-        self.tmp, self.shards, self.fingerprint = tmp, shards, fingerprint
-        self.files = [f"data-{n:05d}-of-{shards:05d}.arrow" for n in range(shards)]
+        # an output without shards still gets one file, empty: `datasets` cannot load a
+        # dataset of none (its own save_to_disk of 0 rows writes none and cannot load it back)
+        self.tmp, self.shards, self.fingerprint = tmp, max(shards, 1), fingerprint
+        self.files = [f"data-{n:05d}-of-{self.shards:05d}.arrow" for n in range(self.shards)]
         self._open: dict[int, TrlShard] = {}
 
     def shard(self, number: int) -> TrlShard:
@@ -87,6 +89,9 @@ class TrlWriter:
         return {s.name: s.file.digest.hexdigest() for s in self._open.values()}
 
     def finish(self) -> dict:
+        for number in range(self.shards):
+            if number not in self._open:
+                self.shard(number).close()
         state = {
             "_data_files": [{"filename": name} for name in self.files],
             "_fingerprint": self.fingerprint,
