@@ -287,6 +287,38 @@ class S3Store(Store):
                     continue
 
 
+def retry_seconds() -> int:
+    """How long GCS's client may retry one request (`PACKER_STORAGE_RETRY_SECONDS`, default 15):
+    its policy is a time, not a count, and without a bound it retries for 15 minutes."""
+    try:
+        return max(1, int(os.environ.get("PACKER_STORAGE_RETRY_SECONDS", "15")))
+    except ValueError:
+        return 15
+
+
+_GCS_KEYS = ("project_id", "endpoint_override", "scheme", "anonymous")
+
+
+def _gcs(options: dict[str, str]) -> Store:
+    """pyarrow's GCS, its retries bounded by `retry_seconds` (as S3's are by `attempts`)."""
+    from datetime import timedelta
+
+    fs_class = pafs.GcsFileSystem  # AttributeError: a pyarrow built without GCS
+    unknown = set(options) - set(_GCS_KEYS)
+    if unknown:
+        raise UsageError(
+            f"unknown storage option(s) for gs://: {', '.join(sorted(unknown))} (known: "
+            f"{', '.join(_GCS_KEYS)})"
+        )
+    kwargs = {k: options[k] for k in ("project_id", "endpoint_override", "scheme") if k in options}
+    fs = fs_class(
+        anonymous=options.get("anonymous") == "true",
+        retry_time_limit=timedelta(seconds=retry_seconds()),
+        **kwargs,
+    )
+    return Store(fs, "gs")
+
+
 def attempts() -> int:
     """Attempts per request (`PACKER_STORAGE_ATTEMPTS`, default 5), for the S3 clients."""
     try:
@@ -319,10 +351,7 @@ def _open(protocol: str, options: dict[str, str]) -> Store:
         return Store(pafs.LocalFileSystem(), "file")
     if protocol == "gs":
         try:
-            kwargs = {k: options[k] for k in ("project_id", "endpoint_override") if k in options}
-            return Store(
-                pafs.GcsFileSystem(anonymous=options.get("anonymous") == "true", **kwargs), "gs"
-            )
+            return _gcs(options)
         except (ImportError, AttributeError):
             pass  # a pyarrow without GCS: fsspec's gcsfs below
     return _fsspec(protocol, options)
