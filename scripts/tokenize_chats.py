@@ -238,6 +238,29 @@ class Sink:
 # Command line
 
 
+def unreachable_hub(timeout: float = 5.0) -> str | None:
+    """The hub's endpoint when a connection to it fails within `timeout` seconds, else None.
+
+    Without a network the hub client retries each file it asks for (72 s for a tokenizer
+    against a refused port here); one connection attempt says the same at once. Skipped when
+    the client is offline already (HF_HUB_OFFLINE) or reaches the hub through a proxy."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    proxies = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+    if constants.HF_HUB_OFFLINE or any(os.environ.get(v) for v in proxies):
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return None
+    except OSError:
+        return constants.ENDPOINT
+
+
 def load_tokenizer(name: str, template_file: Path | None):
     if not Path(name).exists() and name.startswith(("/", "./", "../", "~")):
         raise Failure(f"--tokenizer {name}: no such directory", EXIT_USAGE)
@@ -248,9 +271,18 @@ def load_tokenizer(name: str, template_file: Path | None):
 
     logging.set_verbosity_error()  # no warnings between our one-line messages
     hub_logging.set_verbosity_error()  # nor the hub's retries
+    endpoint = None if Path(name).exists() else unreachable_hub()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        # an unreachable hub: the local cache only, instead of a minute of the client's retries
+        tokenizer = AutoTokenizer.from_pretrained(name, local_files_only=endpoint is not None)
     except Exception as e:  # OSError, ValueError, HTTP errors: all mean "cannot load it"
+        if endpoint is not None:
+            raise Failure(
+                f"--tokenizer {name}: cannot reach the Hugging Face hub ({endpoint}) and it is "
+                "not in the local cache; pass a local tokenizer directory, or load it once where "
+                "the hub is reachable",
+                EXIT_DATA,
+            ) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise Failure(f"--tokenizer {name}: cannot load it: {first}", EXIT_USAGE) from None
     if not tokenizer.is_fast:

@@ -40,7 +40,7 @@ def inputs(tmp_path_factory) -> Path:
     return d
 
 
-def pack(inputs: Path, out: Path, *extra: str, env: dict | None = None):
+def pack(inputs: Path, out: Path, *extra: str, env: dict | None = None, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "packer.cli", "pack", str(inputs), "-o", str(out), *ARGS]
         + ["--json", *extra],
@@ -48,6 +48,7 @@ def pack(inputs: Path, out: Path, *extra: str, env: dict | None = None):
         text=True,
         env={**os.environ, **(env or {})},
         timeout=300,
+        cwd=cwd,
     )
 
 
@@ -74,9 +75,9 @@ def records(tmp: Path) -> list[str]:
     return sorted(p.name for p in (tmp / ".blocks" / "done").glob("*.json"))
 
 
-def killed(inputs: Path, out: Path, at: int) -> Path:
+def killed(inputs: Path, out: Path, at: int, cwd=None) -> Path:
     """A run SIGKILLed right after its `at`-th completion record: its temporary output."""
-    r = pack(inputs, out, env={"PACKER_FAULT_KILL_AT_RECORDS": str(at)})
+    r = pack(inputs, out, env={"PACKER_FAULT_KILL_AT_RECORDS": str(at)}, cwd=cwd)
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert not out.exists()
     (tmp,) = leftovers(out)
@@ -146,6 +147,39 @@ def test_records_that_cannot_be_trusted_are_redone(inputs, full, tmp_path):
     r = pack(inputs, out, "--resume")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["tasks_reused"] == BLOCKS + 5 - 3
+    outputs_equal(full[0], out)
+
+
+def test_a_kept_file_with_other_bytes_of_the_same_size_is_redone(inputs, full, tmp_path):
+    out = tmp_path / "out"
+    tmp = killed(inputs, out, BLOCKS + 5)
+    done = tmp / ".blocks" / "done"
+    listed = {p.stem: json.loads(p.read_text())["files"] for p in sorted(done.glob("*.json"))}
+    shard_task = next(
+        t for t, files in listed.items() if files and files[0]["name"][:6] == "shard-"
+    )
+    spill_task = next(
+        b for b, files in listed.items() if files and files[-1]["name"][:5] == "tail-"
+    )
+    for path in (
+        tmp / listed[shard_task][0]["name"],
+        tmp / ".blocks" / listed[spill_task][-1]["name"],
+    ):
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x01  # one bit: the size its record holds, other bytes
+        path.write_bytes(bytes(data))
+    r = pack(inputs, out, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tasks_reused"] == BLOCKS + 5 - 2
+    outputs_equal(full[0], out)
+
+
+def test_an_input_spelled_another_way_is_the_same_input(inputs, full, tmp_path):
+    out = tmp_path / "out"
+    killed(Path(inputs.name), out, 10, cwd=inputs.parent)  # relative, from the inputs' parent
+    r = pack(inputs, out, "--resume")  # absolute
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tasks_reused"] == 10
     outputs_equal(full[0], out)
 
 

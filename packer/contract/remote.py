@@ -6,8 +6,10 @@ On a store there is no directory rename, so the output is complete exactly when 
 manifest lists. Readers trust the manifest only: files it does not list are ignored, and a
 prefix without a manifest is an incomplete output.
 
-`local_copy` downloads the files a manifest lists into a local cache (the manifest last), so
-verify, inspect, repack and `PackedDataset` read it with the same code as a local output.
+`local_copy` downloads the files a manifest lists into a local cache shared by the processes
+of one machine (each file checked against the manifest's hash as it arrives, the manifest
+last), so verify, inspect, repack and `PackedDataset` read it with the same code as a local
+output.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import re
 import tempfile
 from pathlib import Path
 
-from packer import storage
+from packer import hashing, storage
 from packer.contract.manifest import incomplete_output, parse_manifest
 from packer.contract.names import MANIFEST
 from packer.errors import InputError, UsageError
+from packer.storage.local import held_lock, private_name, remove_dead_parts
 from packer.storage.progress import meter
 from packer.storage.urls import Url, redact
 
@@ -86,12 +89,18 @@ def cache_root() -> Path:
     return Path(os.environ.get("PACKER_CACHE_DIR") or Path(tempfile.gettempdir()) / "packer-cache")
 
 
+CACHE_VERSION = "2"  # copies made before downloads were checked against the hashes: not reused
+
+
 def local_copy(text: str) -> Path:
     """A local directory holding the output at URL `text` as its manifest lists it.
 
     The copy is kept under `PACKER_CACHE_DIR` (default: the system's temp directory) in a
     directory named by the URL and the manifest's hash, and reused while the manifest is the
-    same; the manifest is written last, so a copy cut short is fetched again.
+    same. Any number of processes may ask for the same copy at once: one downloads while the
+    others wait (`held_lock`), each file is checked against the manifest's hash as it arrives
+    and placed under its name only when it matches, and the manifest is placed last, so a copy
+    cut short is completed by the next reader and a file at its name is never replaced.
     """
     url = storage.parse_url(text)
     if url.protocol == "file":
@@ -100,13 +109,46 @@ def local_copy(text: str) -> Path:
     if found is None:
         raise incomplete(url)
     manifest, data = found
-    key = hashlib.sha256(str(url).encode() + b"\0" + data).hexdigest()[:20]
+    key = hashlib.sha256(f"{CACHE_VERSION}\0{url}\0".encode() + data).hexdigest()[:20]
     local = cache_root() / key
     storage.names.register(local, str(url))
-    if (local / MANIFEST).is_file() and (local / MANIFEST).read_bytes() == data:
+    if _copied(local, data):
         return local
     local.mkdir(parents=True, exist_ok=True)
+    with held_lock(local / ".lock"):
+        if not _copied(local, data):  # another process may have finished it meanwhile
+            remove_dead_parts(local)
+            _fetch_listed(url, manifest, local)
+            part = private_name(local / MANIFEST)
+            try:
+                part.write_bytes(data)
+                os.replace(part, local / MANIFEST)
+            finally:
+                part.unlink(missing_ok=True)
+    return local
+
+
+def _copied(local: Path, data: bytes) -> bool:
+    try:
+        return (local / MANIFEST).read_bytes() == data
+    except OSError:
+        return False
+
+
+def _listed_entries(manifest: dict) -> dict[str, dict]:
+    """Each listed file's manifest entry (its size and hash), by name."""
+    entries = {s["file"]: s for s in manifest["shards"] if isinstance(s, dict)}
+    for key in ("rejects", "split_labels"):
+        entry = manifest.get(key)
+        if isinstance(entry, dict) and isinstance(entry.get("file"), str):
+            entries[entry["file"]] = entry
+    return entries
+
+
+def _fetch_listed(url: Url, manifest: dict, local: Path) -> None:
+    """Download every file the manifest lists that the copy lacks, each checked on arrival."""
     store = storage.store_for(url)
+    entries = _listed_entries(manifest)
     for name in listed_files(manifest):
         if "/" in name or name in ("", ".", ".."):
             raise UsageError(
@@ -119,9 +161,15 @@ def local_copy(text: str) -> Path:
             )
         target = local / name
         if target.is_file() and target.stat().st_size == entry.size:
-            continue
-        store.download(url.child(name).path, target, meter("download", entry.size, name))
-    part = local / (MANIFEST + ".part")
-    part.write_bytes(data)
-    os.replace(part, local / MANIFEST)
-    return local
+            continue  # placed by an earlier reader after its hash matched
+        recorded = hashing.recorded(entries.get(name, {}))
+        digest = None
+        if recorded and recorded[0] in hashing.ALGORITHMS:
+            digest = (hashing.ALGORITHMS[recorded[0]], recorded[1])
+        store.download(
+            url.child(name).path,
+            target,
+            meter("download", entry.size, name),
+            digest=digest,
+            exclusive=True,
+        )

@@ -94,7 +94,7 @@ def pack(
     if (
         isinstance(output_dir, str)
         and is_url(output_dir)
-        and parse_url(output_dir).protocol != "file"
+        and parse_url(output_dir, option("output_dir", "--output")).protocol != "file"
     ):
         if resume:
             _check_resume(blocks and not repack and not cfg.pairs)

@@ -72,14 +72,19 @@ def file_entry(path: Path, algorithm: str) -> dict:
 
 
 def intact(base: Path, files: list[dict]) -> bool:
-    """Whether every listed file is in `base` with its recorded size.
+    """Whether every listed file is in `base` with its recorded size and hash.
 
-    Files are renamed into place whole before their record is written, so a size that matches
-    is the file the record describes; the hashes are there for `verify` and for a reader who
-    wants to check them."""
+    A file changed after its record was written (a disk fault, a hand edit: the same size,
+    other bytes) is not the file the record describes, so its task runs again. Hashing the
+    kept files reads each once (xxh3_128 by default, at memory speed; docs/scale.md has the
+    cost measured on a resumed run)."""
     for entry in files:
         try:
-            if (base / entry["name"]).stat().st_size != entry["bytes"]:
+            path = base / entry["name"]
+            if path.stat().st_size != entry["bytes"]:
+                return False
+            recorded = hashing.recorded(entry)
+            if recorded and hashing.file_digest(path, recorded[0]) != recorded[1]:
                 return False
         except (OSError, KeyError, TypeError):
             return False
@@ -89,14 +94,17 @@ def intact(base: Path, files: list[dict]) -> bool:
 def input_identity(path: str, size: int) -> dict:
     """What says an input is unchanged: its name, size and modification time. A remote input
     (or its staged copy, `packer.read.remote`) is named by its URL; its ETag (S3), size and the
-    sampled fingerprint of its content stand for it."""
+    sampled fingerprint of its content stand for it. `resolved` is what the name refers to
+    (the absolute path with links resolved, or the URL): a resume compares inputs by it, so
+    `data/x.jsonl` and `/abs/data/x.jsonl` are one input."""
     shown = names.display(path)
     if storage.is_url(shown):
         url = storage.parse_url(shown)
         etag = storage.store_for(url).etag(url.path)
-        return {"path": shown, "size": size, "mtime_ns": None, "etag": etag}
+        return {"path": shown, "resolved": shown, "size": size, "mtime_ns": None, "etag": etag}
     st = os.stat(path)
-    return {"path": path, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    resolved = os.path.realpath(path)
+    return {"path": path, "resolved": resolved, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def dead_runs(out: Path) -> list[Path]:
@@ -223,16 +231,16 @@ def changed(old: dict, new: dict) -> str | None:
     """What differs between the killed run's key and this one's, in words; None when alike."""
     if old.get("packer") != new["packer"]:
         return f"packer changed ({old.get('packer')} -> {new['packer']})"
-    old_inputs = {i.get("path"): i for i in old.get("inputs", []) if isinstance(i, dict)}
-    new_inputs = {i["path"]: i for i in new["inputs"]}
-    for path in new_inputs:
-        if path not in old_inputs:
-            return f"the input {path} was added"
-    for path in old_inputs:
-        if path not in new_inputs:
-            return f"the input {path} is gone"
-    for path, now in new_inputs.items():
-        before = old_inputs[path]
+    old_inputs = {_same(i): i for i in old.get("inputs", []) if isinstance(i, dict)}
+    new_inputs = {_same(i): i for i in new["inputs"]}
+    for same, now in new_inputs.items():
+        if same not in old_inputs:
+            return f"the input {now['path']} was added"
+    for same, before in old_inputs.items():
+        if same not in new_inputs:
+            return f"the input {before.get('path')} is gone"
+    for same, now in new_inputs.items():
+        before, path = old_inputs[same], now["path"]
         if before.get("size") != now["size"]:
             return f"the input {path} changed (size {before.get('size')} -> {now['size']})"
         if before.get("etag") != now.get("etag"):
@@ -251,6 +259,11 @@ def changed(old: dict, new: dict) -> str | None:
                 f"{_shown(new_cfg.get(name))})"
             )
     return None
+
+
+def _same(entry: dict):
+    """What identifies an input across spellings (records written before `resolved`: the path)."""
+    return entry.get("resolved") or entry.get("path")
 
 
 def _shown(value) -> str:

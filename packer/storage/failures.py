@@ -8,6 +8,7 @@ unreachable endpoint. No message carries a credential: only the URL (`redact`) a
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -118,11 +119,12 @@ def one_line(exc: BaseException, where: str, writing: bool = False) -> PackerErr
 
 def retrying(fn: Callable[[], T], what: str, writing: bool = False, attempts: int = ATTEMPTS) -> T:
     """`fn()`, tried again with exponential backoff while its failure looks transient; any
-    failure that is left becomes one line naming `what`."""
+    failure that is left becomes one line naming `what`. On the main thread each try runs
+    where Ctrl-C and SIGTERM can stop it (`interruptible`)."""
     delay = BACKOFF
     for attempt in range(1, attempts + 1):
         try:
-            return fn()
+            return interruptible(fn)
         except (PackerError, KeyboardInterrupt, UsageError):
             raise
         except Exception as exc:  # noqa: BLE001 (every store failure becomes one line)
@@ -131,3 +133,29 @@ def retrying(fn: Callable[[], T], what: str, writing: bool = False, attempts: in
             time.sleep(delay * (1 + random.random() / 2))
             delay *= 2
     raise AssertionError("unreachable")
+
+
+def interruptible(fn: Callable[[], T]) -> T:
+    """`fn()`, run on a helper thread while the main thread waits in short slices.
+
+    A store's client blocks inside C++ (pyarrow's S3 and GCS, curl) for as long as its retries
+    last; Python runs signal handlers only between bytecodes of the main thread, so Ctrl-C and
+    SIGTERM would wait for the call to end. Waiting here instead, the main thread takes the
+    signal at once and raises; the helper is a daemon thread, abandoned with the process."""
+    if threading.current_thread() is not threading.main_thread():
+        return fn()
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
+            box["error"] = exc
+
+    helper = threading.Thread(target=run, name="packer-store-call", daemon=True)
+    helper.start()
+    while helper.is_alive():
+        helper.join(0.1)
+    if "error" in box:
+        raise box.pop("error")
+    return box["value"]

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from packer.errors import UsageError
+from packer.errors import InputError, UsageError
 from packer.storage.failures import one_line, retrying
+from packer.storage.local import place_once, private_name
 from packer.storage.options import ENV_PREFIXES as _ENV_PREFIXES
 from packer.storage.options import storage_options
 from packer.storage.urls import Url, redact
@@ -84,23 +85,48 @@ class Store:
 
         return retrying(read, self.where(path))
 
-    def download(self, path: str, local: Path, on_bytes: Callable[[int], None] | None = None):
-        """Copy `path` to `local` (through `local.part`, renamed when complete)."""
-        part = local.with_name(local.name + ".part")
+    def download(
+        self,
+        path: str,
+        local: Path,
+        on_bytes: Callable[[int], None] | None = None,
+        digest: tuple[Callable[[], object], str] | None = None,
+        exclusive: bool = False,
+    ) -> None:
+        """Copy `path` to `local` through a temporary name private to this process (so that
+        processes racing to one `local` never write or rename each other's file).
+
+        digest: (a new hash object, the hex digest the bytes must have), checked as they
+        arrive; bytes that do not match never reach `local`. exclusive: the first copy placed
+        at `local` wins and a later one is dropped (the caller reuses the winner's file,
+        whose bytes were checked alike), so a file at `local` is never replaced under a reader.
+        """
+        part = private_name(local)
+        got: list[str] = []
 
         def copy():
-            done = 0
+            hasher = digest[0]() if digest else None
             with self.fs.open_input_stream(path, compression=None) as src, open(part, "wb") as dst:
                 while chunk := src.read(CHUNK):
                     dst.write(chunk)
-                    done += len(chunk)
+                    if hasher is not None:
+                        hasher.update(chunk)
                     if on_bytes:
                         on_bytes(len(chunk))
-            return done
+            got[:] = [hasher.hexdigest()] if hasher is not None else []
 
         try:
             retrying(copy, self.where(path))
-            os.replace(part, local)
+            if digest and got[0] != digest[1]:
+                raise InputError(
+                    "the object's bytes do not match the hash its manifest records (it changed "
+                    "after the output was written); nothing of it was kept",
+                    where=self.where(path),
+                )
+            if exclusive:
+                place_once(part, local)
+            else:
+                os.replace(part, local)
         finally:
             part.unlink(missing_ok=True)
 
@@ -261,6 +287,38 @@ class S3Store(Store):
                     continue
 
 
+def retry_seconds() -> int:
+    """How long GCS's client may retry one request (`PACKER_STORAGE_RETRY_SECONDS`, default 15):
+    its policy is a time, not a count, and without a bound it retries for 15 minutes."""
+    try:
+        return max(1, int(os.environ.get("PACKER_STORAGE_RETRY_SECONDS", "15")))
+    except ValueError:
+        return 15
+
+
+_GCS_KEYS = ("project_id", "endpoint_override", "scheme", "anonymous")
+
+
+def _gcs(options: dict[str, str]) -> Store:
+    """pyarrow's GCS, its retries bounded by `retry_seconds` (as S3's are by `attempts`)."""
+    from datetime import timedelta
+
+    fs_class = pafs.GcsFileSystem  # AttributeError: a pyarrow built without GCS
+    unknown = set(options) - set(_GCS_KEYS)
+    if unknown:
+        raise UsageError(
+            f"unknown storage option(s) for gs://: {', '.join(sorted(unknown))} (known: "
+            f"{', '.join(_GCS_KEYS)})"
+        )
+    kwargs = {k: options[k] for k in ("project_id", "endpoint_override", "scheme") if k in options}
+    fs = fs_class(
+        anonymous=options.get("anonymous") == "true",
+        retry_time_limit=timedelta(seconds=retry_seconds()),
+        **kwargs,
+    )
+    return Store(fs, "gs")
+
+
 def attempts() -> int:
     """Attempts per request (`PACKER_STORAGE_ATTEMPTS`, default 5), for the S3 clients."""
     try:
@@ -293,10 +351,7 @@ def _open(protocol: str, options: dict[str, str]) -> Store:
         return Store(pafs.LocalFileSystem(), "file")
     if protocol == "gs":
         try:
-            kwargs = {k: options[k] for k in ("project_id", "endpoint_override") if k in options}
-            return Store(
-                pafs.GcsFileSystem(anonymous=options.get("anonymous") == "true", **kwargs), "gs"
-            )
+            return _gcs(options)
         except (ImportError, AttributeError):
             pass  # a pyarrow without GCS: fsspec's gcsfs below
     return _fsspec(protocol, options)

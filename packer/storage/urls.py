@@ -45,7 +45,8 @@ class Url:
 
 
 def parse_url(text: str, what: str = "URL") -> Url:
-    """A URL from the command line or a caller; credentials inside it are refused unseen."""
+    """A URL from the command line or a caller; credentials inside it are refused unseen, and
+    so are '.' and '..' segments in a store's key. `what` names the argument in messages."""
     match = _URL.match(text)
     if not match:
         raise UsageError(f"not a URL: {redact(text)!r}", where=what)
@@ -63,6 +64,15 @@ def parse_url(text: str, what: str = "URL") -> Url:
         rest = rest.rstrip("/") if rest.count("/") or rest else rest
     if protocol in ("s3", "s3a", "gs", "gcs") and not rest.split("/", 1)[0]:
         raise UsageError("the URL names no bucket", where=redact(text))
+    if protocol != "file" and any(part in (".", "..") for part in rest.split("/")):
+        # a store's key is a name, not a path: pyarrow's readers resolve '..' and writers keep
+        # it, so one URL would read one object and write another
+        named = redact(text) if what == "URL" else f"{what} {redact(text)}"
+        raise UsageError(
+            "'.' and '..' are not allowed in an object-store URL (a key is a name, not a "
+            "path); write the key without them",
+            where=named,
+        )
     return Url("s3" if protocol == "s3a" else "gs" if protocol == "gcs" else protocol, rest)
 
 

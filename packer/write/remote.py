@@ -41,7 +41,7 @@ class RemoteOutput:
     """One run's output at a URL: checked before any work, committed by `commit`."""
 
     def __init__(self, text: str, overwrite: bool):
-        self.url = storage.parse_url(text, "output_dir")
+        self.url = storage.parse_url(text, option("output_dir", "--output"))
         self.shown = redact(str(self.url))
         self.store = storage.store_for(self.url)
         self.run = new_run_id()
@@ -157,6 +157,6 @@ def _rename_files(manifest: dict, names: dict[str, str]) -> None:
 def upload_file(local: Path, text: str) -> None:
     """One whole file to URL `text` (a `pack_dataset` cache file): it exists there only once
     complete (a failed upload leaves no object), and its size is checked."""
-    url = storage.parse_url(text, "cache_file_name")
+    url = storage.parse_url(text, option("cache_file_name"))
     store = storage.store_for(url)
     store.upload(local, url.path, meter("upload", local.stat().st_size, redact(str(url))))
