@@ -3,12 +3,20 @@
 A run that is interrupted removes its temporary output and exits 130 (Ctrl-C) or 143 (SIGTERM).
 A second signal inside that clean-up (a thread pool's join, an `rmtree`) must not interrupt it
 again, and a short critical section (the rename that commits an output) defers them both.
+
+The commit point (`commit_point`: the swap of an output directory, the write of a remote
+manifest) splits a run in two: a signal before it stops the run and leaves the previous output
+as it was; a signal after it is recorded (`late_signal`) and the run finishes, since its
+output is in place already and an exit status of 130/143 would say that nothing changed.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -39,17 +47,16 @@ def deferred_signals() -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         if received:
-            handler = previous[received[0]]
-            if callable(handler):
-                handler(received[0], None)
-            elif handler != signal.SIG_IGN:
-                signal.raise_signal(received[0])
+            _deliver(received[0], previous[received[0]])
 
 
 _sigterm_seen = threading.Event()
 
 
 def _raise_terminated(signum, frame):
+    if _committed.is_set():
+        _late.append(signum)
+        return
     _sigterm_seen.set()
     raise Terminated()
 
@@ -63,7 +70,11 @@ def sigterm_seen() -> bool:
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """While active, SIGTERM raises `Terminated` (a KeyboardInterrupt), so it cleans up as Ctrl-C."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or not hasattr(signal, "SIGTERM")
+        or signal.getsignal(signal.SIGTERM) is _interrupt_once  # the command line's already
+    ):
         yield
         return
     _sigterm_seen.clear()
@@ -80,31 +91,151 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 _interrupted = threading.Event()
+_exiting = threading.Event()  # the command line is reporting an interrupt and exiting
+_committed = threading.Event()  # an output is in place: signals no longer stop the run
+_late: list[int] = []  # signals received after the commit point
+_outputs: list[str] = []  # what this process put in place, for the interrupt's message
 
 
 def _interrupt_once(signum, frame):
-    """The first SIGINT or SIGTERM raises; later ones are ignored: the run is already stopping,
-    and a second KeyboardInterrupt inside its clean-up (a thread pool's join, `rmtree`) would
-    leave writer threads running while the interpreter exits (`Fatal Python error`)."""
-    if _interrupted.is_set():
+    """The first SIGINT or SIGTERM raises; later ones are ignored while the run is stopping,
+    since a second KeyboardInterrupt inside its clean-up (a thread pool's join, `rmtree`) would
+    leave writer threads running while the interpreter exits (`Fatal Python error`).
+
+    A first interrupt that something swallowed (Arrow clears the error of an import it runs, and
+    the run goes on) does not make the run unstoppable: the next signal raises again."""
+    if _committed.is_set():
+        _late.append(signum)
+        return
+    if _interrupted.is_set() and _stopping():
         return
     # not SIG_IGN here: a second signal caught meanwhile, still pending, would be reported as
     # "ignored due to race condition"; the CLI ignores them once it exits (`ignore_interrupts`)
     _interrupted.set()
+    raise _interrupt_for(signum)
+
+
+def _interrupt_for(signum: int) -> KeyboardInterrupt:
     if signum == getattr(signal, "SIGTERM", None):
         _sigterm_seen.set()
-        raise Terminated()
-    raise KeyboardInterrupt()
+        return Terminated()
+    return KeyboardInterrupt()
 
 
-def _once_handlers() -> dict:
+def _stopping() -> bool:
+    """Whether an interrupt is being acted on: it is the exception being handled (an `except`,
+    a `finally`, an `__exit__` on its way up), or the cause of one, or the CLI is exiting."""
+    if _exiting.is_set():
+        return True
+    exc = sys.exc_info()[1]
+    seen = 0
+    while exc is not None and seen < 32:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc, seen = exc.__context__, seen + 1
+    return False
+
+
+def raise_if_interrupted() -> None:
+    """Raise the interrupt that reached this run and was swallowed (the run is still going)."""
+    if (
+        _interrupted.is_set()
+        and not _stopping()
+        and threading.current_thread() is threading.main_thread()
+    ):
+        raise _interrupt_for(signal.SIGTERM if _sigterm_seen.is_set() else signal.SIGINT)
+
+
+def begin_output() -> None:
+    """A new output starts being built: signals stop the run again. A signal that arrived after
+    an earlier output of this command was committed (`pack --export`) stops it here."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _committed.clear()
+    if _late:
+        _interrupted.set()
+        raise _interrupt_for(_late[0])
+    raise_if_interrupted()
+
+
+@contextmanager
+def commit_point(where: str) -> Iterator[None]:
+    """The instant an output is put in place (`where`, as the user names it).
+
+    SIGINT and SIGTERM are held back while the block runs. If it raises, the output was not
+    replaced: a held signal is delivered as before (the run stops, previous output intact). If it
+    completes, the output is in place: from here on packer's handlers record signals instead of
+    raising them (`late_signal`), and the run finishes. A handler of the caller's own (a library
+    caller's default Ctrl-C) gets a held signal once the block is done.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _fault_pause("before")
+    raise_if_interrupted()  # a swallowed interrupt stops the run before, not after, its commit
+    received: list[int] = []
+    previous = {}
+    for signum in _SIGNALS:
+        previous[signum] = signal.signal(signum, lambda s, _f: received.append(s))
+    done = False
+    try:
+        _fault_pause("held")
+        yield
+        done = True
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if done:
+            _committed.set()
+            _outputs.append(where)
+            _fault_pause("done")
+        if received:
+            _deliver(received[0], previous[received[0]])
+
+
+def _fault_pause(point: str) -> None:
+    """Fault injection for tests: with PACKER_FAULT_COMMIT_PAUSE=S set, the run says on stderr
+    that it reached `point` of its commit point (before, held, done) and waits S seconds."""
+    pause = os.environ.get("PACKER_FAULT_COMMIT_PAUSE")
+    if pause:
+        sys.stderr.write(f"packer-fault: commit {point}\n")
+        sys.stderr.flush()
+        time.sleep(float(pause))
+
+
+def _deliver(signum: int, handler) -> None:
+    if callable(handler):
+        handler(signum, None)
+    elif handler != signal.SIG_IGN:
+        signal.raise_signal(signum)
+
+
+def late_signal() -> int | None:
+    """The first SIGINT or SIGTERM that arrived after this run's output was in place, if any."""
+    return _late[0] if _late else None
+
+
+def committed_outputs() -> list[str]:
+    """The outputs this process put in place (a `pack --export` interrupted in its export)."""
+    return list(_outputs)
+
+
+def exiting() -> None:
+    """For a command line reporting an interrupt: later signals are ignored from now on."""
+    _exiting.set()
+
+
+def _once_handlers(sigterm_default: bool = False) -> dict:
     """Install `_interrupt_once` where Ctrl-C (or SIGTERM as `Terminated`) would raise; the
-    handlers it replaced. A caller's own handler (or SIG_IGN) is left alone."""
+    handlers it replaced. A caller's own handler (or SIG_IGN) is left alone; SIGTERM's default
+    action (death, no clean-up) is replaced too with `sigterm_default`."""
     previous = {}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_once)
-    if hasattr(signal, "SIGTERM") and signal.getsignal(signal.SIGTERM) is _raise_terminated:
-        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt_once)
+    if hasattr(signal, "SIGTERM"):
+        current = signal.getsignal(signal.SIGTERM)
+        if current is _raise_terminated or (sigterm_default and current == signal.SIG_DFL):
+            previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt_once)
     return previous
 
 
@@ -117,20 +248,32 @@ def interrupt_once() -> Iterator[None]:
         return
     if _interrupt_once not in map(signal.getsignal, _SIGNALS):
         _interrupted.clear()  # an earlier call's interrupt is over
+        _committed.clear()
+        _late.clear()
     previous = _once_handlers()
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        late = late_signal()
+        if late is not None and late in previous and sys.exc_info()[1] is None:
+            # a library call whose output is in place: the caller's own Ctrl-C now
+            _late.clear()
+            _committed.clear()
+            _deliver(late, previous[late])
 
 
 def interrupt_once_until_exit() -> None:
-    """For a command line: from now on only the first SIGINT or SIGTERM interrupts, so that a
+    """For a command line: from now on SIGINT and SIGTERM interrupt every command (SIGTERM as
+    `Terminated`, so that it cleans up as Ctrl-C does), and only the first one does, so that a
     second Ctrl-C cannot break the clean-up, the error line or the interpreter's exit."""
     if threading.current_thread() is threading.main_thread():
-        _interrupted.clear()
-        _once_handlers()
+        for state in (_interrupted, _sigterm_seen, _exiting, _committed):
+            state.clear()
+        _late.clear()
+        _outputs.clear()
+        _once_handlers(sigterm_default=True)
 
 
 def ignore_interrupts() -> None:

@@ -76,11 +76,12 @@ def user_errors(debug: bool):
             raise
         raise fail(displayed(str(exc)), exc.exit_code) from None
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as `Terminated`: clean-up has run
+        from packer.interrupts import exiting
+
+        exiting()  # the clean-up has run: a second signal cannot break the error line
         if debug:
             raise
-        if isinstance(exc, Terminated):
-            raise fail("terminated; no partial output was left", EXIT_TERMINATED) from None
-        raise fail("interrupted; no partial output was left", EXIT_INTERRUPTED) from None
+        raise interrupted(isinstance(exc, Terminated)) from None
     except OSError as exc:
         if debug:
             raise
@@ -96,6 +97,42 @@ def user_errors(debug: bool):
         raise fail(
             f"internal error ({type(exc).__name__}: {exc}); rerun with --debug for the traceback"
         ) from None
+
+
+def interrupted(terminated: bool) -> typer.Exit:
+    """The one line of a run stopped by Ctrl-C or SIGTERM: what it left in place, if anything
+    (`pack --export` stopped in its export has put the packed output in place already)."""
+    from packer.interrupts import committed_outputs
+
+    what, code = (
+        ("terminated", EXIT_TERMINATED) if terminated else ("interrupted", EXIT_INTERRUPTED)
+    )
+    done = committed_outputs()
+    if done:
+        return fail(
+            f"{what} after {', '.join(done)} was complete and in place; nothing else was written",
+            code,
+        )
+    return fail(f"{what}; no partial output was left", code)
+
+
+def late_note() -> None:
+    """A signal that arrived after the output was in place did not stop the run: say so."""
+    import signal
+
+    from packer.cli.render import stderr
+    from packer.interrupts import late_signal
+
+    signum = late_signal()
+    if signum is not None:
+        name = "SIGTERM" if signum == getattr(signal, "SIGTERM", None) else "Ctrl-C (SIGINT)"
+        stderr.print(
+            f"note: received {name} after the output was in place; the run finished and its "
+            "output is complete",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 OFF = "[default: off]"
@@ -236,7 +273,12 @@ def run() -> None:
     except ImportError:
         from click import ClickException as ClickError
 
-    from packer.interrupts import ignore_interrupts, interrupt_once_until_exit
+    from packer.interrupts import (
+        exiting,
+        ignore_interrupts,
+        interrupt_once_until_exit,
+        sigterm_seen,
+    )
 
     interrupt_once_until_exit()  # a second Ctrl-C cannot break the clean-up or the error line
     try:
@@ -250,8 +292,11 @@ def run() -> None:
         if exc.exit_code == EXIT_USAGE:
             message += f" (see '{ctx.command_path if ctx is not None else 'packer'} --help')"
         code = fail(message, exc.exit_code).exit_code
-    except typer.Abort:
-        code = fail("interrupted; no partial output was left", EXIT_INTERRUPTED).exit_code
+    except typer.Abort:  # an interrupt outside a command's own handling (its options' parsing)
+        exiting()
+        code = interrupted(sigterm_seen()).exit_code
+    if not code:
+        late_note()
     if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         ignore_interrupts()  # the interpreter's exit has no Python handlers left to ignore them
     # The command is done: the interpreter's last garbage collection would walk every object

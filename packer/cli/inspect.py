@@ -86,8 +86,12 @@ def inspect_command(
 
             # written beside, then renamed: an interrupted run leaves no half page
             tmp = html.with_name(f".{html.name}.tmp")
-            tmp.write_text(render_html(report), encoding="utf-8")
-            tmp.replace(html)
+            try:
+                tmp.write_text(render_html(report), encoding="utf-8")
+                tmp.replace(html)
+            except BaseException:  # Ctrl-C or SIGTERM too: no temporary page is left
+                tmp.unlink(missing_ok=True)
+                raise
             stderr.print(f"wrote {html}", highlight=False, markup=False, soft_wrap=True)
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")

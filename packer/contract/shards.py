@@ -93,9 +93,24 @@ class ShardArrays:
 
 
 def _list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    offsets = column.offsets.to_numpy(zero_copy_only=False)
-    values = column.values.to_numpy(zero_copy_only=False)
-    return offsets, values
+    return _numpy(column.offsets), _numpy(column.values)
+
+
+def _numpy(array: pa.Array) -> np.ndarray:
+    """A zero-copy numpy view of an integer array without nulls.
+
+    `to_numpy` goes through Arrow's pandas conversion, which imports pandas the first time: half
+    a second of a run, and a Ctrl-C that lands in that import is lost (Arrow clears the error).
+    """
+    if array.null_count or not pa.types.is_integer(array.type):
+        return array.to_numpy(zero_copy_only=False)
+    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
+    dtype = np.dtype(f"{kind}{array.type.bit_width // 8}")
+    if len(array) == 0:
+        return np.zeros(0, dtype)
+    return np.frombuffer(
+        array.buffers()[1], dtype, count=len(array), offset=array.offset * dtype.itemsize
+    )
 
 
 def read_shard(path: Path) -> list[ShardArrays]:
@@ -130,7 +145,7 @@ def arrays_from_table(table: pa.Table, name: str, first_row: int = 0) -> ShardAr
         for c, col in zip(table.column_names, table.columns)
     }
     if table.num_rows == 0:
-        cols = {c: pa.array([], SCHEMA.field(c).type) for c in SCHEMA.names}
+        cols = {c: pa.nulls(0, SCHEMA.field(c).type) for c in SCHEMA.names}
     for column in SCHEMA.names:
         if cols[column].null_count:
             raise ValueError(f"column '{column}' holds nulls")
@@ -144,7 +159,7 @@ def arrays_from_table(table: pa.Table, name: str, first_row: int = 0) -> ShardAr
         cu_off, cu = _list_parts(cols["cu_seqlens_padded"])
     si_off, sample_index = _list_parts(cols["sample_index"])
     so_off, sample_offset = _list_parts(cols["sample_offset"])
-    num_loss = cols["num_loss_tokens"].to_numpy(zero_copy_only=False)
+    num_loss = _numpy(cols["num_loss_tokens"])
     return ShardArrays(
         name,
         table.num_rows,

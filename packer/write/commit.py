@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packer.contract.names import MANIFEST, OLD_MARK, TMP_MARK
 from packer.errors import OutputError, UsageError, option
-from packer.interrupts import deferred_signals, interrupt_once
+from packer.interrupts import begin_output, commit_point, deferred_signals, interrupt_once
 
 
 def check_target(output: Path, overwrite: bool) -> None:
@@ -157,7 +157,10 @@ def commit(tmp: Path, output: Path, overwrite: bool = True, synced: Collection[s
     so the names they were renamed to are durable too.
     """
     _fsync_tree(tmp, frozenset(synced))
-    with deferred_signals():
+    # the swap is the commit point, unless `output` is a remote output's local build (its
+    # manifest's upload is: `packer.write.remote`)
+    point = deferred_signals() if output in _STAGED else commit_point(str(output))
+    with point:
         if output.exists() or output.is_symlink():
             if not overwrite:
                 raise UsageError(
@@ -172,6 +175,15 @@ def commit(tmp: Path, output: Path, overwrite: bool = True, synced: Collection[s
         elif not _renameat2(tmp, output, _RENAME_NOREPLACE):
             os.rename(tmp, output)
         fsync_dir(output.parent)
+
+
+_STAGED: set[Path] = set()
+
+
+def stage_only(output: Path) -> None:
+    """`output` is a build directory that is committed elsewhere (uploaded to a store): putting
+    it in place is not the run's commit point."""
+    _STAGED.add(output)
 
 
 def _replace_by_two_renames(tmp: Path, output: Path) -> None:
@@ -245,7 +257,11 @@ def os_reason(exc: OSError) -> str:
 
 
 def start(output: Path) -> Path:
-    """The hidden temporary directory a run builds its output in (one line if it cannot)."""
+    """The hidden temporary directory a run builds its output in (one line if it cannot).
+
+    A signal that arrived after an earlier output of this command was committed stops the run
+    here, before anything of this one is made (`begin_output`)."""
+    begin_output()
     try:
         return make_temp_dir(output)
     except OSError as exc:

@@ -32,9 +32,10 @@ from packer.contract.remote import (
     run_file_name,
 )
 from packer.errors import UsageError, option
-from packer.interrupts import deferred_signals
+from packer.interrupts import commit_point
 from packer.storage.progress import meter
 from packer.storage.urls import redact
+from packer.write.commit import stage_only
 
 
 class RemoteOutput:
@@ -51,6 +52,7 @@ class RemoteOutput:
         self._check(overwrite)
         self.work = Path(tempfile.mkdtemp(prefix="packer-out-"))
         self.local = self.work / "output"
+        stage_only(self.local)  # its local swap is not the commit point: the manifest's write is
 
     def _check(self, overwrite: bool) -> None:
         if self.url.protocol in ("s3", "gs") and self.store.entry(self.url.bucket) is None:
@@ -86,6 +88,7 @@ class RemoteOutput:
         manifest = json.loads((self.local / MANIFEST).read_text(encoding="utf-8"))
         names = {n: run_file_name(n, self.run) for n in listed_files(manifest)}
         uploaded: list[str] = []
+        committed = False
         try:
             for name, stored in names.items():
                 if name in self.on_store:
@@ -96,21 +99,25 @@ class RemoteOutput:
                 self.store.upload(source, path, meter("upload", source.stat().st_size, stored))
             _rename_files(manifest, names)
             data = (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
-            with deferred_signals():
+            # the commit point: a signal before it leaves the previous output, after it the
+            # run finishes (a library caller's own Ctrl-C handler gets it once it is done)
+            with commit_point(self.shown):
                 key = self.url.child(MANIFEST).path
                 if self.version is None:
                     done = self.store.create(key, data)
                 else:
                     done = self.store.replace(key, data, self.version)
-            if not done:
-                raise UsageError(
-                    "another run committed this output while this one was packing; "
-                    "nothing of this run was kept",
-                    where=self.shown,
-                )
+                if not done:
+                    raise UsageError(
+                        "another run committed this output while this one was packing; "
+                        "nothing of this run was kept",
+                        where=self.shown,
+                    )
+                committed = True
         except BaseException:
-            self.store.delete(uploaded)
-            self.delete_run()
+            if not committed:  # after the commit, the uploaded files are the output
+                self.store.delete(uploaded)
+                self.delete_run()
             raise
         finally:
             self.discard()

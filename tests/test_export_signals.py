@@ -1,0 +1,200 @@
+"""Ctrl-C and SIGTERM stop every command, on the first press, with 130/143 and one line.
+
+`packer export --to mds|megatron` and `pack --repack` used to swallow the first Ctrl-C (it
+landed in a lazy `import pandas` that Arrow runs on the main thread and clears the error of),
+then ignore every later one, and commit their output with exit 0. SIGTERM killed an export
+with no message and left its temporary directory. Each run here gets one signal at one of five
+points between the command's start-up and its commit point (measured on an uninterrupted run:
+PACKER_FAULT_COMMIT_PAUSE=0 marks the commit point on stderr) and must leave no output and no
+temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+pytestmark = [
+    pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals"),
+    pytest.mark.xdist_group("export_signals"),
+]
+
+ROOT = Path(__file__).resolve().parents[1]
+FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.9)  # of the time from start-up to the commit point
+CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+LINES = {
+    signal.SIGINT: "error: interrupted; no partial output was left\n",
+    signal.SIGTERM: "error: terminated; no partial output was left\n",
+}
+MARK = "packer-fault: commit before\n"
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a shell starts background jobs without it
+
+
+def start(*args) -> tuple[subprocess.Popen, list, float]:
+    """The command, a list its stderr lines go to (with the time each came), its start time."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAULT_COMMIT_PAUSE": "0"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_sigint,
+    )
+    lines: list[tuple[float, str]] = []
+
+    def read():
+        for line in proc.stderr:
+            lines.append((time.monotonic() - t0, line))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    proc.reader = reader
+    return proc, lines, t0
+
+
+def finish(proc: subprocess.Popen, lines: list) -> tuple[int, str]:
+    proc.wait(timeout=120)
+    proc.reader.join(timeout=30)
+    return proc.returncode, "".join(x for _, x in lines if not x.startswith("packer-fault:"))
+
+
+def startup() -> float:
+    """Seconds until a command has started (the interpreter, packer's CLI, its handlers)."""
+    t0 = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "packer", "--version"],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+    )
+    return time.monotonic() - t0
+
+
+def commit_time(args, dest: Path) -> float:
+    """Seconds from start to the commit point of an uninterrupted run (whose output is removed)."""
+    proc, lines, _ = start(*args)
+    code, stderr = finish(proc, lines)
+    assert code == 0, stderr
+    [t] = [t for t, x in lines if x == MARK]
+    remove(dest)
+    return t
+
+
+def remove(path: Path) -> None:
+    import shutil
+
+    if path.exists():
+        shutil.rmtree(path)
+
+
+def leftovers(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if ".packer-" in p.name)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """A packed output of ~6M tokens: an export of it lasts a few seconds."""
+    root = tmp_path_factory.mktemp("export_signals")
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(20, 600, 20_000)
+    offsets = np.zeros(lengths.size + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = rng.integers(0, 50_000, int(offsets[-1]), dtype=np.int32)
+    data = root / "in.parquet"
+    pq.write_table(pa.table({"input_ids": pa.ListArray.from_arrays(offsets, ids)}), data)
+    out = root / "packed"
+    proc, lines, _ = start("pack", data, "-o", out, "-L", "4096", "--shard-rows", "200")
+    code, stderr = finish(proc, lines)
+    assert code == 0, stderr
+    return out
+
+
+def walk(args, dest: Path, signum: int) -> None:
+    """One signal at each of five points of the run; each run stops with the signal's exit code
+    and line, and leaves neither `dest` nor a temporary directory. A point that fell after the
+    commit point on this (shared, busy) machine must have finished instead, with exit 0."""
+    t_up = startup()
+    t_commit = commit_time(args, dest)
+    stopped = 0
+    for fraction in FRACTIONS:
+        at = t_up + fraction * max(t_commit - t_up, 0.1)
+        proc, lines, t0 = start(*args)
+        time.sleep(max(0.0, t0 + at - time.monotonic()))
+        proc.send_signal(signum)
+        sent = time.monotonic() - t0
+        code, stderr = finish(proc, lines)
+        late = any(x == MARK and t < sent for t, x in lines)
+        if late:
+            assert code == 0, stderr
+            remove(dest)
+            continue
+        assert (code, stderr) == (CODES[signum], LINES[signum]), (fraction, stderr)
+        assert not dest.exists()
+        assert leftovers(dest.parent) == []
+        stopped += 1
+    assert stopped >= 3, "too many points fell after the commit point"
+
+
+@pytest.mark.parametrize("to", ["mds", "megatron"])
+def test_ctrl_c_stops_an_export_at_five_points(packed, tmp_path, to):
+    dest = tmp_path / "x"
+    walk(("export", packed, "--to", to, "-o", dest), dest, signal.SIGINT)
+
+
+def test_ctrl_c_stops_a_repack_at_five_points(packed, tmp_path):
+    dest = tmp_path / "r"
+    walk(("pack", packed, "--repack", "-L", "8192", "-o", dest), dest, signal.SIGINT)
+
+
+def test_sigterm_stops_an_export_with_one_line(packed, tmp_path):
+    dest = tmp_path / "x"
+    walk(("export", packed, "--to", "mds", "-o", dest), dest, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_verify_with_one_line(packed, signum):
+    """verify (its CPU attention over every row lasts long) stops on the first signal too."""
+    proc, lines, _ = start("verify", packed, "--rows", "all")
+    deadline = time.monotonic() + 60
+    time.sleep(startup() + 0.5)
+    assert proc.poll() is None and time.monotonic() < deadline
+    proc.send_signal(signum)
+    code, stderr = finish(proc, lines)
+    assert (code, stderr.splitlines()[-1] + "\n") == (CODES[signum], LINES[signum]), stderr
+
+
+def test_the_export_and_repack_paths_import_no_pandas(packed, tmp_path):
+    """Arrow's `to_numpy` and `pa.array` import pandas the first time: on the main thread, in
+    the middle of a run, where a Ctrl-C that lands in the import is lost."""
+    script = (
+        "import sys\n"
+        "from packer import pack, PackConfig\n"
+        "from packer.export import export\n"
+        f"export({str(packed)!r}, 'mds', {str(tmp_path / 'm')!r})\n"
+        f"export({str(packed)!r}, 'megatron', {str(tmp_path / 'g')!r})\n"
+        f"pack([{str(packed)!r}], {str(tmp_path / 'r')!r}, PackConfig(max_len=8192), repack=True)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:1])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
