@@ -56,15 +56,26 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("cp_size", [1, 2, 4])
+LAYOUTS = {  # plain, CP, and sequence parallelism (tp 4) at cp 1 and 2: multiples 1, 4, 8, 4, 8
+    "plain": {},
+    "cp2": {"cp_size": 2},
+    "cp4": {"cp_size": 4},
+    "tp4-sp": {"tp_size": 4, "sequence_parallel": True},
+    "cp2-tp4-sp": {"cp_size": 2, "tp_size": 4, "sequence_parallel": True},
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_segment_fits_the_collates_max_seqlen(case, cp_size, tmp_path):
+def test_every_segment_fits_the_collates_max_seqlen(case, layout, tmp_path):
     src, max_len, eos = CASES[case]
     if src is None:
         src = write_jsonl(tmp_path / "in.jsonl", make_samples(600, seed=5, median=12))
-    dest = exported(tmp_path, src, max_len, eos, cp_size=cp_size)
+    dest = exported(tmp_path, src, max_len, eos, **LAYOUTS[layout])
     metadata = json.loads((dest / "packing_metadata.json").read_text())
-    segments = collate_segments(dest, max_len, eos, cp=cp_size > 1)
+    multiple = metadata[0].get("pad_seq_to_mult", 1)
+    assert multiple == {"plain": 1, "cp2": 4, "cp4": 8, "tp4-sp": 4, "cp2-tp4-sp": 8}[layout]
+    segments = collate_segments(dest, max_len, eos, cp=multiple > 1)
     limit = collate_max_seqlen(metadata, max_len)
     too_long = [(r, s) for r, row in enumerate(segments) for s in row if s > limit]
     assert not too_long, f"max_seqlen {limit}: (row, segment) {too_long[:5]}"
@@ -75,8 +86,7 @@ def test_every_segment_fits_the_collates_max_seqlen(case, cp_size, tmp_path):
     assert metadata[0]["dataset_max_seqlen"] == max(n for row in fed for n in row)
     assert metadata[0]["min_packed_seqlen"] == min(sum(row) for row in fed)
     assert metadata[0]["max_samples_per_bin"] == max(len(row) for row in fed)
-    if cp_size > 1:
-        assert all(n % (2 * cp_size) == 0 for row in fed for n in row)
+    assert all(n % multiple == 0 for row in fed for n in row)
 
 
 def test_stored_lengths_would_cut_a_padding_segment(tmp_path):

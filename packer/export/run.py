@@ -23,6 +23,7 @@ from packer.errors import UsageError, option
 from packer.export import mds, megatron, megatron_bridge, trl
 from packer.export.rows import Source, label_mismatch, open_source, row_of_token
 from packer.hashing import file_digest
+from packer.planning.multiple import config_multiple
 from packer.read.cache import default_budget
 from packer.storage import display, is_url
 from packer.version import __version__
@@ -98,12 +99,13 @@ def export(
     max_len = int(source.manifest["config"]["max_len"])
     max_tokens = batch_tokens(max_len, to, memory_budget, mds_size_limit)
     total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
-    cp_size = cp_size_of(source)
+    config = source.manifest["config"]
+    multiple = config_multiple(config)
     tmp = start(dest)
-    result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, cp_size))
+    result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, config))
     with building(tmp, dest):
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
-        check = _checks(to, accept, cp_size, eos_id)
+        check = _checks(to, accept, multiple, eos_id)
         counts = _write_shards(writer, source, check, max_tokens, progress, total_rows)
         for rows, samples, tokens in counts:
             result.rows += rows
@@ -142,13 +144,13 @@ def export(
     return result
 
 
-def _checks(to: str, accept, cp_size: int, eos_id) -> Callable:
+def _checks(to: str, accept, multiple: int, eos_id) -> Callable:
     """What every batch must pass before the format takes it (raises UsageError)."""
 
     def check(batch) -> None:
         if to == "megatron-bridge" and "labels-from-ids" not in accept:
             _refuse_label_mismatch(batch)
-        if to == "megatron-bridge" and cp_size > 1:
+        if to == "megatron-bridge" and multiple > 1:
             _refuse_loss_in_eos_tail(batch, eos_id)
 
     return check
@@ -208,7 +210,11 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
             f"{option('mds_size_limit', '--mds-size-limit')} must be between 1 byte and 4 GiB"
         )
     source = open_source(output)
-    if to == "megatron-bridge" and cp_size_of(source) > 1 and eos_id is None:
+    if (
+        to == "megatron-bridge"
+        and config_multiple(source.manifest["config"]) > 1
+        and eos_id is None
+    ):
         raise UsageError(
             f"{option('eos_id', '--eos-id')} is needed to export a --cp-size output to "
             "Megatron-Bridge: its CP layout pads every sub-sequence with EOS and finds each "
@@ -289,16 +295,22 @@ def cp_size_of(source: Source) -> int:
     return int(source.manifest["config"].get("cp_size") or 1)
 
 
-def _cp_notes(to: str, cp_size: int) -> tuple[str, ...]:
-    if cp_size <= 1:
+def _cp_notes(to: str, config: dict) -> tuple[str, ...]:
+    multiple = config_multiple(config)
+    if multiple <= 1:
         return ()
     if to == "megatron-bridge":
         return (
             f"rows keep the CP layout: each sub-sequence padded with EOS as Bridge's "
-            f"pad_seq_to_mult = {2 * cp_size} does (set it in packed_sequence_specs)",
+            f"pad_seq_to_mult = {multiple} does (set it in packed_sequence_specs)",
         )
+    cp_size = int(config.get("cp_size") or 1)
+    flags = f"--cp-size {cp_size}" if cp_size > 1 else ""
+    if config.get("sequence_parallel"):
+        tp = f"--tp-size {int(config.get('tp_size') or 1)} --sequence-parallel"
+        flags = f"{flags} {tp}".strip()
     return (
-        f"the CP padding (--cp-size {cp_size}) is not carried: every sample keeps its real "
+        f"the CP padding ({flags}) is not carried: every sample keeps its real "
         "tokens only, and the trainer pads for context parallelism itself",
     )
 
@@ -313,8 +325,7 @@ def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit, eos_
         return megatron.MegatronWriter(tmp, vocab_size)
     if to == "mds":
         return mds.MdsWriter(tmp, mds_size_limit)
-    cp_size = cp_size_of(source)
-    multiple = 2 * cp_size if cp_size > 1 else 1
+    multiple = config_multiple(source.manifest["config"])
     return megatron_bridge.BridgeWriter(
         tmp, int(source.manifest["config"]["max_len"]), multiple, eos_id
     )
