@@ -150,3 +150,33 @@ def test_trl_keys_this_test_holds_for(trl_export, tmp_path):
         assert "cu_seq_lens_q" in batch
     older = {k: v for k, v in batch.items() if not k.startswith(("cu_seq_lens", "max_length"))}
     assert check_batch(older, trainer.train_dataset, trainer.model) > 2
+
+
+@pytest.mark.parametrize("mode", ["flatten", "pad"])
+def test_packers_own_collator_on_the_shards_passes(trl_export, tmp_path, mode):
+    """docs/training.md's TRL configuration: packer's shards (load_hf_dataset) through
+    collate_packed, TRL's padding_free off."""
+    from functools import partial
+
+    from trl import SFTConfig, SFTTrainer
+
+    from packer.torch import collate_packed, load_hf_dataset
+
+    args = SFTConfig(
+        output_dir=str(tmp_path / "run"),
+        per_device_train_batch_size=2,
+        max_steps=1,
+        bf16=False,
+        report_to=[],
+        remove_unused_columns=False,
+        dataset_kwargs={"skip_prepare_dataset": True},
+    )
+    model = build_tiny_model(vocab_size=VOCAB + 24, max_positions=4 * L).train()
+    trainer = SFTTrainer(
+        model,
+        args=args,
+        train_dataset=load_hf_dataset(trl_export.parent / "packed"),
+        processing_class=tiny_tokenizer(),
+        data_collator=partial(collate_packed, mode=mode),
+    )
+    assert check_trainer(trainer) > 2

@@ -31,7 +31,10 @@ RECIPE = (
     'SFTConfig(padding_free=True, max_length=None, dataset_kwargs={"skip_prepare_dataset": '
     "True}, remove_unused_columns=False)"
 )
-EXPORT_COLUMNS = ("input_ids", "seq_lengths", "sample_index")
+# packer's rows as a trainer loads them: the TRL export (seq_lengths) or the shards themselves
+# (`load_hf_dataset`, cu_seqlens), with their provenance
+EXPORT_COLUMNS = ("input_ids", "sample_index")
+BOUNDARY_COLUMNS = ("seq_lengths", "cu_seqlens")
 
 
 class TrainerCheckError(ValueError):
@@ -47,6 +50,7 @@ def check_trainer(trainer, *, dataset=None, model_check: bool = True, max_sample
     `max_samples` of its samples alone. Returns the batch's sample count.
     """
     dataset = trainer.train_dataset if dataset is None else dataset
+    _check_export(dataset)  # before drawing: a re-packed dataset is named as such
     batch = next(iter(trainer.get_train_dataloader()))
     model = trainer.model if model_check else None
     return check_batch(batch, dataset, model, max_samples=max_samples)
@@ -59,9 +63,9 @@ def check_batch(batch: dict, dataset, model=None, *, max_samples: int = 16) -> i
     positions = batch.get("position_ids")
     if batch.get("attention_mask") is not None or positions is None:
         raise TrainerCheckError(
-            "the trainer's collator hands the model an attention_mask of ones and no "
-            "position_ids: each packed row trains as one sequence, its samples attending to "
-            f"each other (TRL's default padding_free=False). Set padding_free=True: {RECIPE}"
+            "the trainer's collator hands the model an attention_mask (or no position_ids): "
+            "each packed row trains as one sequence, its samples attending to each other "
+            f"(TRL's default padding_free=False). Set padding_free=True: {RECIPE}"
         )
     ids, positions = batch["input_ids"].cpu().numpy(), positions.cpu().numpy()
     samples = 0
@@ -90,8 +94,14 @@ def check_batch(batch: dict, dataset, model=None, *, max_samples: int = 16) -> i
 
 
 def _check_export(dataset) -> None:
-    names = getattr(dataset, "column_names", None) or []
+    if not hasattr(dataset, "data") or not hasattr(dataset, "column_names"):
+        raise TrainerCheckError(
+            f"dataset must be a datasets.Dataset of packer's rows, got {type(dataset).__name__}"
+        )
+    names = dataset.column_names
     missing = [c for c in EXPORT_COLUMNS if c not in names]
+    if not any(c in names for c in BOUNDARY_COLUMNS):
+        missing.append("seq_lengths")
     if missing:
         raise TrainerCheckError(
             f"the trainer's train_dataset has no {', '.join(missing)} column: it is not packer's "
@@ -107,21 +117,22 @@ class _RowIndex:
 
     def __init__(self, dataset):
         self.dataset = dataset
-        column = dataset.data.column("input_ids").combine_chunks()
-        offsets = column.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
-        values = column.values.to_numpy(zero_copy_only=False)
-        indices = getattr(dataset, "_indices", None)  # a select() or shuffle() of the export
-        order = (
-            np.arange(offsets.size - 1)
-            if indices is None
-            else indices.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        )
-        starts, ends = offsets[order], offsets[order + 1]
-        keep = ends > starts
-        self.rows = np.flatnonzero(keep)  # dataset row numbers
-        first = values[starts[keep]]  # each row's first token
-        self.by_first = np.argsort(first, kind="stable")
-        self.sorted_first = first[self.by_first]
+        firsts, lengths = [], []
+        for chunk in dataset.data.column("input_ids").chunks:  # memory-mapped: read in place
+            off = chunk.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
+            values = chunk.values.to_numpy(zero_copy_only=False)
+            n = np.diff(off)
+            at = np.minimum(off[:-1], max(values.size - 1, 0))
+            firsts.append(values[at] if values.size else np.zeros(n.size, np.int64))
+            lengths.append(n)
+        first, length = np.concatenate(firsts), np.concatenate(lengths)
+        indices = getattr(dataset, "_indices", None)  # a select() or shuffle() of the rows
+        if indices is not None:
+            order = indices.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            first, length = first[order], length[order]
+        self.rows = np.flatnonzero(length > 0)  # dataset row numbers
+        self.by_first = np.argsort(first[self.rows], kind="stable")
+        self.sorted_first = first[self.rows][self.by_first]
 
     def _candidates(self, token: int) -> np.ndarray:
         lo = np.searchsorted(self.sorted_first, token, "left")
@@ -148,18 +159,29 @@ class _RowIndex:
                     "the trainer cut or re-packed the rows (a max_length, or packing=True, "
                     f'without dataset_kwargs={{"skip_prepare_dataset": True}}). Use {RECIPE}'
                 )
-            out += [np.arange(n) for n in match["seq_lengths"]]
+            out += [np.arange(n) for n in _sample_lengths(match)]
             p += len(match["input_ids"])
         return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _sample_lengths(row: dict) -> list[int]:
+    """The sample lengths of one of packer's rows: its seq_lengths (TRL export) or the
+    segments of its cu_seqlens (packer's shards; a --pad row's padding segment included)."""
+    if "seq_lengths" in row:
+        return list(row["seq_lengths"])
+    return np.diff(np.asarray(row["cu_seqlens"])).tolist()
 
 
 def _check_model(model, batch: dict, max_samples: int) -> None:
     """The trainer's model on the batch and on each sample alone (`check_isolation`)."""
     positions = batch["position_ids"]
-    if positions.shape[0] != 1 or not bool((positions[0, 1:] == 0).any()):
+    if not bool((positions[:, 1:] == 0).any()):
         return  # one sample per row cannot show a leak
     batch, forward = dict(batch), None
-    if "cu_seq_lens_q" not in batch:  # TRL before 1.16 sends position_ids alone
+    if "cu_seq_lens_q" not in batch and "cu_seqlens" not in batch:
+        if positions.shape[0] != 1:
+            return  # per-row boundaries without cu_seqlens: no alone batches to compare with
+        # TRL before 1.16 sends position_ids alone
         starts = torch.nonzero(positions[0] == 0).flatten()
         cu = torch.cat([starts, torch.tensor([positions.shape[1]])]).to(torch.int32)
         batch["cu_seq_lens_q"] = cu  # where the samples are, for check_isolation only
