@@ -23,6 +23,7 @@ from packer.contract.names import POLICIES
 from packer.errors import UsageError, option
 from packer.hashing import ALGORITHMS
 from packer.planning.choices import STRATEGIES
+from packer.planning.multiple import cp_multiple, multiple_text
 
 ON_ERROR = ("error", "skip")
 ENGINES = ("local", "ray")
@@ -66,6 +67,16 @@ class PackConfig:
     # Context parallelism (packer.planning.cp): every segment padded at its end to a multiple
     # of 2 x cp_size, rows carrying cu_seqlens_padded. 1 is off; recorded only when above 1.
     cp_size: int = 1
+    # Sequence parallelism (Megatron-Bridge): tensor-parallel ranks split each CP rank's tokens
+    # too, so segments pad to lcm(2 x cp_size, cp_size x tp_size), even at cp_size 1. Without
+    # sequence_parallel, tp_size changes nothing. Recorded only when sequence_parallel is on.
+    tp_size: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def segment_multiple(self) -> int:
+        """What every segment's padded length is a multiple of (1: no padded layout)."""
+        return cp_multiple(self.cp_size, self.tp_size, self.sequence_parallel)
 
     def rows_per_shard(self) -> int:
         return self.shard_rows or max(1, TARGET_SHARD_TOKENS // self.max_len)
@@ -114,7 +125,9 @@ class PackConfig:
         if self.pairs:
             self._validate_pairs()
         self.cp_size = A.integer(self.cp_size, "cp_size", minimum=1)
-        if self.cp_size > 1:
+        self.tp_size = A.integer(self.tp_size, "tp_size", minimum=1)
+        self.sequence_parallel = A.boolean(self.sequence_parallel, "sequence_parallel")
+        if self.segment_multiple > 1:
             self._validate_cp()
         return self
 
@@ -143,20 +156,22 @@ class PackConfig:
                 )
 
     def _validate_cp(self) -> None:
-        """Every sample splits into 2 x cp_size equal chunks, so rows must too; CP runs on the
-        local engine with one plan, on samples (not pairs)."""
-        mult = 2 * self.cp_size
+        """Every sample splits into `segment_multiple` equal chunks, so rows must too; CP runs
+        on the local engine with one plan, on samples (not pairs)."""
+        mult = self.segment_multiple
+        what = multiple_text(self.cp_size, self.tp_size, self.sequence_parallel, option)
+        name = option("cp_size") if self.cp_size > 1 else option("sequence_parallel")
         if self.max_len % mult:
             raise UsageError(
-                f"{option('max_len')} {self.max_len} must be a multiple of 2 x "
-                f"{option('cp_size')} = {mult} (each row splits into {mult} equal chunks); "
+                f"{option('max_len')} {self.max_len} must be a multiple of {what} "
+                f"(each row splits into {mult} equal chunks); "
                 f"try {option('max_len')} {max(mult, self.max_len // mult * mult)}"
             )
         if self.pairs:
-            raise UsageError(f"{option('cp_size')} cannot be used with {option('pairs')}")
+            raise UsageError(f"{name} cannot be used with {option('pairs')}")
         if self.block_size is not None or self.engine != "local":
             raise UsageError(
-                f"{option('cp_size')} runs on the local engine with one global plan (no "
+                f"{name} runs on the local engine with one global plan (no "
                 f"{option('block_size')}, no {option('engine')} ray)"
             )
 
@@ -200,6 +215,8 @@ class PackConfig:
                 del values[name]
         if values["cp_size"] == 1:
             del values["cp_size"]
+        if not values["sequence_parallel"]:  # tp_size alone changes nothing
+            del values["tp_size"], values["sequence_parallel"]
         return values
 
 

@@ -38,7 +38,6 @@ GIVEN = {"model", "tokenizer"}  # the reader's own model and tokenizer, provided
 OPTIONAL = {"torch", "transformers", "trl", "datasets", "tokenizers", "accelerate", "ray"}
 SKIPPED: set[tuple[str, str]] = {
     ("README.md", "starts a Ray instance; tests/test_ray.py runs the Ray engine"),
-    ("docs/export.md", "needs a model and flash-attn; tests/test_export.py runs TRL's collator"),
     ("README.md", "needs an S3 endpoint; tests/test_storage.py runs these against a local server"),
 }
 

@@ -191,7 +191,8 @@ def test_megatron_bridge_collate_trains_on_the_same_targets(packed, tmp_path):
         )
     metadata = json.loads((dest / "packing_metadata.json").read_text())
     assert metadata[0]["max_samples_per_bin"] == max(len(r["seq_lens"]) for r in rows)
-    assert metadata[0]["dataset_max_seqlen"] == max(n for r in rows for n in r["seq_lens"])
+    # runtime lengths: Bridge feeds each sample without its last token
+    assert metadata[0]["dataset_max_seqlen"] == max(n - 1 for r in rows for n in r["seq_lens"])
     assert metadata[0]["pack_size"] == L
     manifest = json.loads((dest / EXPORT_MANIFEST).read_text())
     assert manifest["details"]["eos_id"] == 2

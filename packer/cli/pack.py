@@ -76,6 +76,20 @@ def pack(
         "cu_seqlens_padded; L must be a multiple of 2N (docs/context-parallel.md). "
         + config_default("1, no CP padding"),
     ),
+    tp_size: Optional[int] = typer.Option(
+        None,
+        "--tp-size",
+        help="Tensor-parallel size T; with --sequence-parallel, samples pad to "
+        "lcm(2N, N x T) for --cp-size N (T at N = 1), as Megatron-Bridge asks. Without "
+        "--sequence-parallel it changes nothing. " + config_default("1"),
+    ),
+    sequence_parallel: Optional[bool] = typer.Option(
+        None,
+        "--sequence-parallel/--no-sequence-parallel",
+        help="Sequence parallelism is on in training: pad every sample for --tp-size too "
+        "(recorded in the manifest; the export and verify use it). "
+        + config_default("no-sequence-parallel"),
+    ),
     seed: Optional[int] = typer.Option(
         None, "--seed", help=f"Seed for strategies that use randomness. {config_default('0')}"
     ),
@@ -240,6 +254,8 @@ def pack(
                 "pad": pad,
                 "pad_id": pad_id,
                 "cp_size": cp_size,
+                "tp_size": tp_size,
+                "sequence_parallel": sequence_parallel,
                 "seed": seed,
                 "window": window,
                 "input_column": input_column,
@@ -331,9 +347,10 @@ def _check_export_config(export_to: str | None, cfg, memory_budget) -> None:
             "--export cannot be used with --pairs: the export formats have no pairs and "
             "would train each side as a separate sample"
         )
-    if export_to == "megatron-bridge" and cfg.cp_size > 1:
+    if export_to == "megatron-bridge" and cfg.segment_multiple > 1:
+        flag = "--cp-size" if cfg.cp_size > 1 else "--sequence-parallel"
         raise UsageError(
-            "--export megatron-bridge cannot be used with --cp-size: Bridge's CP layout "
+            f"--export megatron-bridge cannot be used with {flag}: Bridge's CP layout "
             "needs the EOS id; pack, then run packer export OUTPUT --to megatron-bridge "
             "--eos-id ID"
         )

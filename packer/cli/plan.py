@@ -68,6 +68,17 @@ def plan_command(
         help="Context-parallel size N: plan every sample padded to a multiple of 2N (as "
         "`packer pack --cp-size`) and report what that padding costs.",
     ),
+    tp_size: int = typer.Option(
+        1,
+        "--tp-size",
+        help="Tensor-parallel size T: with --sequence-parallel, plan every sample padded to "
+        "lcm(2N, N x T) (as `packer pack --tp-size`); without it, T changes nothing.",
+    ),
+    sequence_parallel: bool = typer.Option(
+        False,
+        "--sequence-parallel",
+        help="Sequence parallelism is on in training: pad for --tp-size too. [default: off]",
+    ),
     input_column: str = typer.Option(
         "input_ids", "--input-column", help="Column holding the token ids."
     ),
@@ -125,20 +136,13 @@ def plan_command(
         ):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} must be at least 1, got {value}")
-        if cp_size < 1:
-            raise UsageError(f"--cp-size must be at least 1, got {cp_size}")
-        if cp_size > 1 and max_len % (2 * cp_size):
-            raise UsageError(
-                f"--max-len {max_len} must be a multiple of 2 x --cp-size = {2 * cp_size}"
-            )
+        _check_multiple(max_len, cp_size, tp_size, sequence_parallel, pairs)
         if seed < 0:
             raise UsageError(f"--seed must be non-negative, got {seed}")
         if strategy != "all" and strategy not in STRATEGIES:
             raise UsageError(
                 f"unknown --strategy '{strategy}' (choose from all, {', '.join(STRATEGIES)})"
             )
-        if pairs and cp_size > 1:
-            raise UsageError("--cp-size cannot be used with --pairs")
         names = STRATEGIES if strategy == "all" else (strategy,)
         if pairs:
             columns = (prompt_column, chosen_column, rejected_column)
@@ -157,6 +161,8 @@ def plan_command(
             batch_size=batch_size,
             hidden_size=hidden_size,
             cp_size=cp_size,
+            tp_size=tp_size,
+            sequence_parallel=sequence_parallel,
         )
         report["pairs"] = pair_counts
         warning = balance_warning(report)
@@ -171,3 +177,20 @@ def plan_command(
                 stderr.print(pairs_line(pair_counts), highlight=False, soft_wrap=True)
             if report["cp"] is not None:
                 stderr.print(cp_line(report["cp"]), highlight=False, soft_wrap=True)
+
+
+def _check_multiple(max_len: int, cp_size: int, tp_size: int, sp: bool, pairs: bool) -> None:
+    """--cp-size, --tp-size and --sequence-parallel: sizes, the padding multiple, no pairs."""
+    from packer.errors import UsageError
+    from packer.planning.multiple import cp_multiple, multiple_text
+
+    for flag, value in (("--cp-size", cp_size), ("--tp-size", tp_size)):
+        if value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    mult = cp_multiple(cp_size, tp_size, sp)
+    if mult > 1 and max_len % mult:
+        what = multiple_text(cp_size, tp_size, sp, lambda name: "--" + name.replace("_", "-"))
+        raise UsageError(f"--max-len {max_len} must be a multiple of {what}")
+    if pairs and mult > 1:
+        flag = "--cp-size" if cp_size > 1 else "--sequence-parallel"
+        raise UsageError(f"{flag} cannot be used with --pairs")

@@ -70,7 +70,7 @@ def pack_table(report: dict, max_len: int, pairs: bool = False) -> Table:
         ("efficiency", f"{100 * report['efficiency']:.3f} %"),
         *(
             (
-                (f"CP padding (cp_size {report['cp_size']})", f"{report['cp_pad_tokens']:,}"),
+                (f"CP padding ({_cp_label(report)})", f"{report['cp_pad_tokens']:,}"),
                 ("efficiency with CP padding", f"{100 * report['efficiency_padded']:.3f} %"),
                 ("rows / padded lower bound", f"{report['rows_over_lower_bound_padded']:.5f}"),
             )
@@ -161,3 +161,11 @@ def _amount(stage: str, done: int, total: int) -> str:
     if stage == "plan":
         return "done" if total else ""
     return f"{done:,} / {total:,}"
+
+
+def _cp_label(report: dict) -> str:
+    """`cp_size 2`, or with sequence parallelism the multiple every sample is padded to."""
+    label = f"cp_size {report['cp_size']}"
+    if "segment_multiple" in report:
+        label += f", sequence parallel: multiple {report['segment_multiple']}"
+    return label

@@ -100,6 +100,9 @@ class BridgeShard:
             self.file, SCHEMA, use_dictionary=["loss_mask"], write_statistics=False
         )
         self.rows = self.samples = self.tokens = 0
+        # dataset_max_seqlen and min_packed_seqlen: the longest sub-sequence and the shortest
+        # row the model sees (for CP, with their pre-padding); Bridge's collate with
+        # pad_cu_seqlens sizes the attention kernel's max_seqlen from them
         self.max_seqlen = self.max_per_row = 0
         self.min_row: int | None = None
 
@@ -124,11 +127,13 @@ class BridgeShard:
         if batch.rows:
             lens = np.diff(off)
             self.rows += batch.rows
+            # runtime lengths, as Bridge's collate counts them: each sub-sequence is fed
+            # without its last stored token, so a row of k sub-sequences feeds len - k tokens
             self.samples += int(batch.seq_off[-1])
-            self.tokens += int(lens.sum())
-            self.max_seqlen = max(self.max_seqlen, int(seq_lens.max()))
+            self.tokens += int(lens.sum()) - int(batch.seq_off[-1])
+            self.max_seqlen = max(self.max_seqlen, int(seq_lens.max()) - 1)
             self.max_per_row = max(self.max_per_row, int(batch.samples_per_row.max()))
-            low = int(lens.min())
+            low = int((lens - batch.samples_per_row).min())
             self.min_row = low if self.min_row is None else min(self.min_row, low)
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from packer.export import mds, megatron, megatron_bridge, trl
 from packer.export.rows import label_mismatch, row_of_token
 from packer.export.source import Source, open_source
 from packer.hashing import file_digest
+from packer.planning.multiple import config_multiple
 from packer.read.cache import default_budget
 from packer.storage import display, is_url
 from packer.version import __version__
@@ -124,13 +125,14 @@ def _export(
     max_len = int(source.manifest["config"]["max_len"])
     max_tokens = batch_tokens(max_len, to, memory_budget, mds_size_limit)
     total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
-    cp_size = cp_size_of(source)
+    config = source.manifest["config"]
+    multiple = config_multiple(config)
     tmp = start(dest)
-    result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, cp_size))
+    result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, config))
     with building(tmp, dest):
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
         vocab = (getattr(writer, "vocab_size", None), vocab_size is not None)
-        check = _checks(to, accept, cp_size, eos_id, vocab)
+        check = _checks(to, accept, multiple, eos_id, vocab)
         counts = _write_shards(writer, source, check, max_tokens, progress, total_rows)
         for rows, samples, tokens in counts:
             result.rows += rows
@@ -168,7 +170,7 @@ def _export(
     return result
 
 
-def _checks(to: str, accept, cp_size: int, eos_id, vocab: tuple) -> Callable:
+def _checks(to: str, accept, multiple: int, eos_id, vocab: tuple) -> Callable:
     """What every batch must pass before the format takes it (raises a PackerError)."""
 
     def check(batch) -> None:
@@ -176,7 +178,7 @@ def _checks(to: str, accept, cp_size: int, eos_id, vocab: tuple) -> Callable:
             _refuse_ids_outside(batch, *vocab)
         if to == "megatron-bridge" and "labels-from-ids" not in accept:
             _refuse_label_mismatch(batch)
-        if to == "megatron-bridge" and cp_size > 1:
+        if to == "megatron-bridge" and multiple > 1:
             _refuse_loss_in_eos_tail(batch, eos_id)
 
     return check
@@ -256,7 +258,11 @@ def _checked_with(source: Source, to, dest, overwrite, eos_id):
             "nothing was written",
             where=source.name or str(source.directory),
         )
-    if to == "megatron-bridge" and cp_size_of(source) > 1 and eos_id is None:
+    if (
+        to == "megatron-bridge"
+        and config_multiple(source.manifest["config"]) > 1
+        and eos_id is None
+    ):
         raise UsageError(
             f"{option('eos_id', '--eos-id')} is needed to export a --cp-size output to "
             "Megatron-Bridge: its CP layout pads every sub-sequence with EOS and finds each "
@@ -351,16 +357,22 @@ def cp_size_of(source: Source) -> int:
     return int(source.manifest["config"].get("cp_size") or 1)
 
 
-def _cp_notes(to: str, cp_size: int) -> tuple[str, ...]:
-    if cp_size <= 1:
+def _cp_notes(to: str, config: dict) -> tuple[str, ...]:
+    multiple = config_multiple(config)
+    if multiple <= 1:
         return ()
     if to == "megatron-bridge":
         return (
             f"rows keep the CP layout: each sub-sequence padded with EOS as Bridge's "
-            f"pad_seq_to_mult = {2 * cp_size} does (set it in packed_sequence_specs)",
+            f"pad_seq_to_mult = {multiple} does (set it in packed_sequence_specs)",
         )
+    cp_size = int(config.get("cp_size") or 1)
+    flags = f"--cp-size {cp_size}" if cp_size > 1 else ""
+    if config.get("sequence_parallel"):
+        tp = f"--tp-size {int(config.get('tp_size') or 1)} --sequence-parallel"
+        flags = f"{flags} {tp}".strip()
     return (
-        f"the CP padding (--cp-size {cp_size}) is not carried: every sample keeps its real "
+        f"the CP padding ({flags}) is not carried: every sample keeps its real "
         "tokens only, and the trainer pads for context parallelism itself",
     )
 
@@ -375,8 +387,7 @@ def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit, eos_
         return megatron.MegatronWriter(tmp, vocab_size)
     if to == "mds":
         return mds.MdsWriter(tmp, mds_size_limit)
-    cp_size = cp_size_of(source)
-    multiple = 2 * cp_size if cp_size > 1 else 1
+    multiple = config_multiple(source.manifest["config"])
     return megatron_bridge.BridgeWriter(
         tmp, int(source.manifest["config"]["max_len"]), multiple, eos_id
     )

@@ -83,8 +83,11 @@ def _pack_raw(
     The kernels load from numba's cache (or compile) on another thread while the samples are
     validated, as `packer pack` does it (0.35 s at the first call of a process).
     """
-    if cfg.cp_size > 1:
-        raise UsageError("cp_size above 1 is for `packer pack` (pack_dataset writes no CP rows)")
+    if cfg.segment_multiple > 1:
+        raise UsageError(
+            "cp_size above 1 and sequence_parallel are for `packer pack` (pack_dataset writes "
+            "no CP rows)"
+        )
     warming = start_warming(cfg.strategy)
     try:
         samples, _, _ = objects.table_samples(raw, cfg)

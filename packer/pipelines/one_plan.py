@@ -17,7 +17,7 @@ from packer.errors import OutputError
 from packer.interrupts import interrupt_once
 from packer.pipelines.result import PackResult, Progress, stats_of
 from packer.pipelines.warmup import start_warming
-from packer.planning.cp import padded_lengths
+from packer.planning.cp import pad_to_multiple
 from packer.planning.overlength import Segments, resolve
 from packer.planning.strategies import Plan, plan
 from packer.read.assemble import read_samples
@@ -49,7 +49,7 @@ def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int
     )
     if samples.index is not None:  # skipped samples keep their input numbering
         segs.sample = samples.index[segs.sample]
-    lengths = padded_lengths(segs.length, cfg.cp_size)  # the lengths themselves without CP
+    lengths = pad_to_multiple(segs.length, cfg.segment_multiple)  # as they are without CP
     pl = plan(lengths, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
     global_rows = None
     if cfg.window is not None:
@@ -179,7 +179,7 @@ def pack_samples(
     t = time.perf_counter()
     tmp = output.start(out)
     with output.building(tmp, out):
-        if cfg.cp_size > 1:
+        if cfg.segment_multiple > 1:
             files = cp_shard_files(cfg)
             shards = write_shards(samples, segs, pl, files.cfg, tmp, progress, workers, files=files)
         else:
@@ -187,12 +187,12 @@ def pack_samples(
         loss_tokens = sum(s["loss_tokens"] for s in shards)
         pad_tokens = sum(s["tokens"] for s in shards) - int(segs.length.sum())
         stats = stats_of(samples, segs, pl, cfg, loss_tokens, pad_tokens, global_rows).as_dict()
-        if cfg.cp_size > 1:
+        if cfg.segment_multiple > 1:
             stats.update(cp_stats(segs.length, pl.num_rows, cfg))
         rejects = write_rejects(samples, tmp, cfg.hash) if cfg.on_error == "skip" else None
         split_labels = write_split_labels(split_points(samples, segs), tmp, cfg.hash)
         manifest = build_manifest(cfg, samples, stats, shards, rejects, repacked_from, split_labels)
-        if cfg.cp_size > 1:
+        if cfg.segment_multiple > 1:
             manifest["columns"] = {f.name: str(f.type) for f in CP_SCHEMA}
         output.finish(tmp, out, manifest, overwrite)
     timings["write"] = time.perf_counter() - t

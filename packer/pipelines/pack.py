@@ -153,9 +153,10 @@ def _run(
             f"{option('repack=True', '--repack')} reads samples back; {option('pairs')} is for "
             "pair files"
         )
-    if repack and cfg.cp_size > 1:
+    if repack and cfg.segment_multiple > 1:
+        what = option("cp_size") if cfg.cp_size > 1 else option("sequence_parallel")
         raise UsageError(
-            f"{option('repack=True', '--repack')} cannot be used with {option('cp_size')} "
+            f"{option('repack=True', '--repack')} cannot be used with {what} "
             "(repack the samples first, then pack them with it)"
         )
     _check_unused(cfg, repack, blocks, memory_budget, out_of_core)

@@ -13,7 +13,8 @@ import numpy as np
 from packer.planning import kernels as algorithms
 from packer.planning.balance import DEFAULT_HIDDEN_SIZE, compare_balance
 from packer.planning.choices import STRATEGIES
-from packer.planning.cp import cp_cost, padded_lengths
+from packer.planning.cp import cp_cost, pad_to_multiple
+from packer.planning.multiple import cp_multiple
 from packer.planning.strategies import Plan, lower_bound, martello_toth_bound, plan
 
 
@@ -43,6 +44,8 @@ def compare_strategies(
     batch_size: int = 1,
     hidden_size: int = DEFAULT_HIDDEN_SIZE,
     cp_size: int = 1,
+    tp_size: int = 1,
+    sequence_parallel: bool = False,
 ) -> dict:
     """Rows, efficiency, rows / best bound and seconds of each strategy on these lengths.
 
@@ -52,10 +55,12 @@ def compare_strategies(
     and the modeled data-parallel efficiency of both is reported (see `packer.planning.balance`).
     With `cp_size` above 1 the strategies plan the CP-padded lengths (`packer.planning.cp`), the
     bounds are theirs, `efficiency` counts real tokens only (`efficiency_padded` the padding
-    too) and `cp` says what the padding costs.
+    too) and `cp` says what the padding costs; with `sequence_parallel`, the multiple is
+    Megatron-Bridge's lcm(2 x cp_size, cp_size x tp_size) (`packer.planning.cp`).
     """
+    mult = cp_multiple(cp_size, tp_size, sequence_parallel)
     real = np.ascontiguousarray(lengths)
-    lengths = np.ascontiguousarray(padded_lengths(real, cp_size)) if cp_size > 1 else real
+    lengths = np.ascontiguousarray(pad_to_multiple(real, mult)) if mult > 1 else real
     real_tokens = int(real.sum())
     counts, _ = algorithms.length_histogram(lengths.astype(np.int64, copy=False), int(max_len))
     tokens = int(lengths.sum())
@@ -74,7 +79,7 @@ def compare_strategies(
             "optimal": rows == best,
             "seconds": round(seconds, 4),
         }
-        if cp_size > 1:
+        if mult > 1:
             entry["efficiency_padded"] = round(tokens / (rows * max_len), 6) if rows else 1.0
         if window is not None:
             global_rows = _timed_plan(lengths, max_len, name, seed, None)[0].num_rows
@@ -106,5 +111,5 @@ def compare_strategies(
         "bounds": {"tokens": by_tokens, "martello_toth_l2": l2, "best": best},
         "histogram": length_histogram(lengths, max_len),
         "strategies": results,
-        "cp": cp_cost(real, max_len, cp_size) if cp_size > 1 else None,
+        "cp": cp_cost(real, max_len, cp_size, mult) if mult > 1 else None,
     }

@@ -1,42 +1,48 @@
-"""Context parallelism: the padded length of every segment, and what that padding costs.
+"""Context (and sequence) parallelism: the padded length of every segment, and its cost.
 
 With CP over packed rows (Transformer Engine's THD format, zigzag varlen ring flash-attention)
 every sample splits into `2 x cp_size` equal chunks, rank r holding chunks r and
 `2 x cp_size - 1 - r`, so each sample's length in the row must be a multiple of `2 x cp_size`.
-packer pads each segment at its end, and the planner packs the padded lengths.
+With sequence parallelism, tensor-parallel ranks split each CP rank's tokens again, so
+Megatron-Bridge asks for `lcm(2 x cp_size, cp_size x tp_size)`, even at cp_size 1; without
+sequence parallelism tp_size changes nothing. packer pads each segment at its end, and the
+planner packs the padded lengths.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from packer.planning.multiple import cp_multiple
 
-def cp_multiple(cp_size: int) -> int:
-    """What every segment's padded length is a multiple of (1 when CP is off)."""
-    return 2 * cp_size if cp_size > 1 else 1
+
+def pad_to_multiple(lengths: np.ndarray, multiple: int) -> np.ndarray:
+    """Each length rounded up to a multiple of `multiple` (unchanged when it is 1)."""
+    lengths = np.asarray(lengths, np.int64)
+    if multiple == 1:
+        return lengths
+    return -(-lengths // multiple) * multiple
 
 
 def padded_lengths(lengths: np.ndarray, cp_size: int) -> np.ndarray:
     """Each length rounded up to a multiple of `2 x cp_size` (unchanged when cp_size is 1)."""
-    mult = cp_multiple(cp_size)
-    lengths = np.asarray(lengths, np.int64)
-    if mult == 1:
-        return lengths
-    return -(-lengths // mult) * mult
+    return pad_to_multiple(lengths, cp_multiple(cp_size))
 
 
-def cp_cost(lengths: np.ndarray, max_len: int, cp_size: int) -> dict:
+def cp_cost(lengths: np.ndarray, max_len: int, cp_size: int, multiple: int | None = None) -> dict:
     """The padding CP adds to these segment lengths, before any packing: tokens, padded tokens,
-    the pad share, and the lower bound on rows with and without it."""
+    the pad share, and the lower bound on rows with and without it. `multiple` defaults to
+    `2 x cp_size` (pass `cp_multiple(...)` under sequence parallelism)."""
     # imported here: the strategies load numba, and packer.torch imports this module's zigzag_index
     from packer.planning.strategies import lower_bound
 
+    mult = cp_multiple(cp_size) if multiple is None else int(multiple)
     lengths = np.asarray(lengths, np.int64)
-    padded = padded_lengths(lengths, cp_size)
+    padded = pad_to_multiple(lengths, mult)
     tokens, padded_tokens = int(lengths.sum()), int(padded.sum())
     return {
         "cp_size": int(cp_size),
-        "multiple": cp_multiple(cp_size),
+        "multiple": mult,
         "tokens": tokens,
         "padded_tokens": padded_tokens,
         "cp_pad_tokens": padded_tokens - tokens,

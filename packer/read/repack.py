@@ -35,6 +35,7 @@ from packer.contract.outputs import PackedInputError, is_incomplete_output, is_p
 from packer.contract.remote import local_copy
 from packer.contract.shards import read_shard
 from packer.errors import InputError, option
+from packer.planning.multiple import config_multiple
 from packer.read.samples import Samples, SourceFile
 from packer.storage import display, is_url
 
@@ -211,9 +212,9 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
         if has_leftovers(directory):
             raise incomplete_output(str(directory))
         raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
-    if int(manifest.get("config", {}).get("cp_size", 1)) > 1:
+    if config_multiple(manifest.get("config", {})) > 1:
         raise PackedInputError(
-            "a CP output (cp_size above 1): its segments carry CP padding, so "
+            "a CP output (cp_size above 1 or sequence_parallel): its segments carry CP padding, so "
             f"{option('repack=True', '--repack')} does not read it; pack the original inputs "
             "again instead",
             where=str(directory),

@@ -11,7 +11,8 @@ Inside it, `import torch` is an absolute import and resolves to PyTorch, not to 
 
 For context parallelism, `cp_shard(batch, cp_rank, cp_size)` gives one CP rank's share of a
 flattened batch (docs/context-parallel.md). See docs/training.md for the loops (plain PyTorch, Hugging Face Trainer,
-TRL) and `check_isolation`, which proves a model and its training call keep the samples apart.
+TRL) and `check_isolation`, which proves a model and its training call keep the samples apart;
+`check_trainer(trainer)` proves a TRL trainer's own data path keeps them apart (docs/export.md).
 """
 
 try:
@@ -38,17 +39,32 @@ from packer.torch.preference import (
     segment_logps,
 )
 from packer.torch.sampler import PackedBatchSampler, plan_batches
+from packer.torch.trainer_check import TrainerCheckError, check_batch, check_trainer
+
+
+def __getattr__(name: str):
+    """`CheckTrainerCallback` imports transformers: loaded when first asked for."""
+    if name == "CheckTrainerCallback":
+        from packer.torch.trainer_callback import CheckTrainerCallback
+
+        return CheckTrainerCallback
+    raise AttributeError(f"module 'packer.torch' has no attribute {name!r}")
+
 
 __all__ = [
     "CONTRACT_COLUMNS",
+    "CheckTrainerCallback",
     "IsolationError",
     "IsolationReport",
     "MODES",
     "PackedBatchSampler",
     "PairLogps",
     "PackedDataset",
+    "TrainerCheckError",
     "block_causal_mask",
+    "check_batch",
     "check_isolation",
+    "check_trainer",
     "collate_packed",
     "collate_pairs",
     "cp_shard",

@@ -39,16 +39,18 @@ def _fail(result: CheckResult, shard: ShardArrays, r: int, text: str, k: int | N
 
 
 def _row_problem(
-    shard: ShardArrays, r: int, mult: int, pad_id: int
+    shard: ShardArrays, r: int, mult: int, pad_id: int, what: str | None = None
 ) -> tuple[int | None, str] | None:
-    """The first CP problem of row r as (segment or None, text), or None."""
+    """The first CP problem of row r as (segment or None, text), or None. `what` names the
+    multiple (packer.planning.cp.multiple_text)."""
+    what = what or f"2 x cp_size = {mult}"
     row = shard.row(r)
     cup = np.asarray(row["cu_seqlens"], np.int64)
     cur = shard.cu_real[int(shard.cu_real_off[r]) : int(shard.cu_real_off[r + 1])].astype(np.int64)
     n = len(row["sample_index"])
     length = len(row["input_ids"])
     if length % mult:
-        return None, f"the row holds {length} tokens, not a multiple of 2 x cp_size = {mult}"
+        return None, f"the row holds {length} tokens, not a multiple of {what}"
     if cur.size != cup.size or cur.size < 2 or cur[0] != 0:
         return None, (
             f"cu_seqlens has {cur.size} entries starting at {cur[0] if cur.size else '-'} but "
@@ -58,11 +60,13 @@ def _row_problem(
     for k in range(padded.size):
         p, q = int(padded[k]), int(real[k])
         if p % mult:
-            return k, f"padded length {p} is not a multiple of 2 x cp_size = {mult}"
+            return k, f"padded length {p} is not a multiple of {what}"
         if not 0 <= q <= p:
             return k, f"real length {q} (cu_seqlens) does not fit its padded length {p}"
         if k < n and p - q >= mult:
-            return k, f"{p - q} padding tokens after {q} real ones: more than 2 x cp_size - 1"
+            return k, (
+                f"{p - q} padding tokens after {q} real ones: at least a whole multiple of {what}"
+            )
         if k >= n and q:
             return k, f"the row's padding segment has {q} real tokens in cu_seqlens (expected 0)"
         a, b = int(cup[k]) + q, int(cup[k + 1])
@@ -80,14 +84,20 @@ def _row_problem(
 
 
 def check_cp_rows(
-    shard: ShardArrays, cp_size: int, pad_id: int, usable: np.ndarray, result: CheckResult
+    shard: ShardArrays,
+    multiple: int,
+    pad_id: int,
+    usable: np.ndarray,
+    result: CheckResult,
+    what: str | None = None,
 ) -> np.ndarray:
-    """Fail each row of a CP shard that breaks the layout (rows not `usable` by the row kernel
-    are left to its messages); return which rows are CP-sound."""
+    """Fail each row of a CP shard that breaks the layout, segments padded to `multiple` (2 x
+    cp_size, or more under sequence parallelism; `what` names it). Rows not `usable` by the row
+    kernel are left to its messages. Return which rows are CP-sound."""
     ok = np.zeros(shard.rows, bool)
     for r in np.flatnonzero(usable):
         r = int(r)
-        problem = _row_problem(shard, r, 2 * cp_size, pad_id)
+        problem = _row_problem(shard, r, multiple, pad_id, what)
         if problem is None:
             ok[r] = True
         else:

@@ -16,6 +16,7 @@ import numpy as np
 
 from packer import hashing
 from packer.contract.shards import ShardArrays, read_shard
+from packer.planning.multiple import config_multiple, multiple_text
 from packer.read.samples import Samples
 from packer.verify import kernels as K
 from packer.verify.cp_rows import check_cp_rows, real_lengths, unpadded
@@ -115,8 +116,8 @@ def _check_shards(
             continue
         for b in batches:
             status = check_shard_rows(b, max_len, pad, pad_id, structure)
-            if b.cu_real is not None or int(cfg.get("cp_size", 1)) > 1:
-                cp_view(status, int(cfg.get("cp_size", 1)), pad_id, structure)
+            if b.cu_real is not None or config_multiple(cfg) > 1:
+                cp_view(status, cfg, pad_id, structure)
             statuses.append(status)
         shards_read += 1
         check_manifest_entry(entry, batches, manifest_check)
@@ -198,7 +199,7 @@ def check_structure(
         rejected,
         source_rejected,
     )
-    cp = int(cfg.get("cp_size", 1)) > 1
+    cp = config_multiple(cfg) > 1
     totals = _totals(statuses, prov, pad or cp)
     if pairs:
         totals["samples_packed"] //= 2
@@ -227,21 +228,25 @@ def check_structure(
     return statuses
 
 
-def cp_view(status: RowStatus, cp_size: int, pad_id: int, structure: CheckResult) -> None:
-    """A CP shard's rows checked for the CP layout; its sample entries' lengths become the
-    real ones (what provenance counts). A shard of a CP output without `cu_seqlens_padded`
+def cp_view(status: RowStatus, cfg: dict, pad_id: int, structure: CheckResult) -> None:
+    """A CP shard's rows checked for the CP layout (segments padded to the multiple that the
+    manifest's cp_size, tp_size and sequence_parallel give); its sample entries' lengths become
+    the real ones (what provenance counts). A shard of a CP output without `cu_seqlens_padded`
     fails."""
     shard = status.shard
+    cp_size, tp_size = int(cfg.get("cp_size", 1)), int(cfg.get("tp_size", 1))
+    sp = bool(cfg.get("sequence_parallel"))
     if shard.cu_real is None:
+        what = f"cp_size {cp_size}" if cp_size > 1 else f"sequence_parallel with tp_size {tp_size}"
         structure.fail(
             Failure(
-                f"{shard.name}: the manifest says cp_size {cp_size} but the shard has no "
+                f"{shard.name}: the manifest says {what} but the shard has no "
                 "cu_seqlens_padded column",
                 shard=shard.name,
             )
         )
         return
-    if cp_size < 2:
+    if config_multiple(cfg) < 2:
         structure.fail(
             Failure(
                 f"{shard.name}: a cu_seqlens_padded column, but the manifest records no cp_size",
@@ -249,7 +254,8 @@ def cp_view(status: RowStatus, cp_size: int, pad_id: int, structure: CheckResult
             )
         )
         return
-    sound = check_cp_rows(shard, cp_size, pad_id, status.cu_usable, structure)
+    what = multiple_text(cp_size, tp_size, sp)
+    sound = check_cp_rows(shard, config_multiple(cfg), pad_id, status.cu_usable, structure, what)
     status.seg_len = real_lengths(shard, status.seg_len, sound)
     status.cp_sound = sound
 

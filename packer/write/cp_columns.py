@@ -1,5 +1,6 @@
-"""The record batch of a CP shard (`pack --cp-size N`): the gathered rows with every segment
-padded at its end to a multiple of 2N, and `cu_seqlens_padded` added.
+"""The record batch of a CP shard (`pack --cp-size N`, or `--sequence-parallel`): the gathered
+rows with every segment padded at its end to the run's multiple (2N for CP alone, see
+packer.planning.cp), and `cu_seqlens_padded` added.
 
 The gather kernel fills the buffers as for any shard, without row padding; this spreads the
 segments apart with numpy (pad tokens `pad_id`, labels -100) and pads each row to L when asked.
@@ -16,7 +17,7 @@ import pyarrow as pa
 
 from packer.contract.names import IGNORE_INDEX
 from packer.contract.schema import CP_SCHEMA
-from packer.planning.cp import padded_lengths
+from packer.planning.cp import pad_to_multiple
 from packer.write.gather import Buffers
 from packer.write.shard_file import arrow_array
 
@@ -30,7 +31,7 @@ def cp_rows(
     rows: int,
     tokens: int,
     cu_entries: int,
-    cp_size: int,
+    multiple: int,
     max_len: int,
     pad: bool,
     pad_id: int,
@@ -43,7 +44,7 @@ def cp_rows(
     first = np.ones(cu_entries, bool)
     first[cu_off[:-1]] = False  # entry 0 of each row starts nothing
     n = np.diff(cu)[first[1:]]  # segment lengths, in row order
-    p = padded_lengths(n, cp_size)
+    p = pad_to_multiple(n, multiple)
     seg_row = np.repeat(np.arange(rows), nseg)
     row_padded = np.bincount(seg_row, weights=p, minlength=rows).astype(np.int64)
     tail = (max_len - row_padded) if pad else np.zeros(rows, np.int64)
@@ -89,12 +90,12 @@ def cp_rows(
     }
 
 
-def cp_batch_of(cp_size: int, max_len: int, pad: bool, pad_id: int) -> Callable:
+def cp_batch_of(multiple: int, max_len: int, pad: bool, pad_id: int) -> Callable:
     """The `ShardFiles.batch` of a CP run: buffers gathered without row padding -> a
     `CP_SCHEMA` record batch."""
 
     def batch(buf: Buffers, rows: int, tokens: int, cu_entries: int) -> pa.RecordBatch:
-        c = cp_rows(buf, rows, tokens, cu_entries, cp_size, max_len, pad, pad_id)
+        c = cp_rows(buf, rows, tokens, cu_entries, multiple, max_len, pad, pad_id)
         segs = int(buf.sample_row_offsets[rows])
         samples = buf.sample_row_offsets[: rows + 1]
         return pa.RecordBatch.from_arrays(

@@ -24,7 +24,7 @@ class CPShardFiles(ShardFiles):
 def cp_shard_files(cfg: PackConfig) -> CPShardFiles:
     return CPShardFiles(
         schema=CP_SCHEMA,
-        batch=cp_batch_of(cfg.cp_size, cfg.max_len, cfg.pad, cfg.pad_id),
+        batch=cp_batch_of(cfg.segment_multiple, cfg.max_len, cfg.pad, cfg.pad_id),
         tokens_of=batch_tokens,
         cfg=replace(cfg, pad=False),
     )
@@ -34,10 +34,12 @@ def cp_stats(lengths: np.ndarray, rows: int, cfg: PackConfig) -> dict:
     """The CP figures of a run's stats: the padding spent on CP, the efficiency with it
     counted as used (`efficiency_padded`, what the planner achieved on padded lengths) beside
     `efficiency` (real tokens only), and the rows against the lower bound of padded lengths."""
-    cost = cp_cost(lengths, cfg.max_len, cfg.cp_size)
+    cost = cp_cost(lengths, cfg.max_len, cfg.cp_size, cfg.segment_multiple)
     capacity = rows * cfg.max_len
     lb = cost["lower_bound_padded"]
+    sp = {"segment_multiple": cost["multiple"]} if cfg.sequence_parallel else {}
     return {
+        **sp,
         "cp_size": cfg.cp_size,
         "cp_pad_tokens": cost["cp_pad_tokens"],
         "padded_tokens": cost["padded_tokens"],
