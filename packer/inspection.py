@@ -206,7 +206,8 @@ def load_tokenizer(path: str | Path):
         from tokenizers import Tokenizer
     except ImportError:
         raise UsageError(
-            f"{option('tokenizer')} needs the tokenizers package: pip install 'packer-llm[inspect]'"
+            f"{option('tokenizer')} needs the tokenizers package "
+            "(packer's 'inspect' extra): pip install tokenizers"
         ) from None
     path = Path(path)
     if path.is_dir():

@@ -267,15 +267,26 @@ def test_install_commands_name_packer_llm(page):
             assert wanted in extras, f"{page.name}: `pip install {target}`: no extra {wanted!r}"
 
 
-def test_hints_in_packer_name_packer_llm():
-    """packer's own messages and help texts point at `packer-llm[...]`, never `packer[...]`."""
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_install_from_pypi(page):
+    """packer-llm is not on PyPI yet: a page installs it from a clone (`.`), a git URL or a
+    wheel (`packer-llm[x] @ ...`), never by its bare name."""
+    text = page.read_text(encoding="utf-8")
+    bare = re.findall(r"pip install (?:-\S+ )*'?packer-llm(?:\[[\w,]*\])?'?(?![\[\w'-]|\s*@)", text)
+    assert not bare, f"{page.name}: {bare} installs from PyPI, where packer-llm is not published"
+
+
+def test_hints_in_packer_name_installable_packages():
+    """packer's own messages and help texts name packages pip can install today (torch,
+    tokenizers, boto3, ...), never `packer[...]` (an unrelated project) nor `packer-llm[...]`
+    (not published)."""
     found = [
         f"{path.relative_to(ROOT)}:{n}"
         for path in sorted((ROOT / "packer").rglob("*.py"))
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
-        if re.search(r"(?<![\w-])packer\[", line) and not line.lstrip().startswith("#")
+        if re.search(r"(?<![\w-])packer(-llm)?\[", line) and not line.lstrip().startswith("#")
     ]
-    assert not found, f"install hints naming 'packer[...]': {', '.join(found)}"
+    assert not found, f"install hints naming 'packer[...]' or 'packer-llm[...]': {', '.join(found)}"
 
 
 # --------------------------------------------------------------------------------------------

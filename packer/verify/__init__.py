@@ -47,7 +47,7 @@ def parse_rows(value: str | int | None) -> int | None:
 
 def torch_missing() -> str:
     return (
-        "the attention check needs torch: pip install 'packer-llm[verify]', or pass "
+        "the attention check needs torch (packer's 'verify' extra): pip install torch, or pass "
         f"{option('attention=False', '--no-attention')} for the structural checks alone"
     )
 
