@@ -52,13 +52,29 @@ def main(
     """packer: offline sample packing for LLM training."""
 
 
+def _json_asked() -> bool:
+    """Whether the failing command was given --json (parsed, or still on the command line when
+    the options themselves were the error)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and "json_out" in ctx.params:
+        return bool(ctx.params["json_out"])
+    return "--json" in sys.argv[1:]
+
+
 def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
     from rich.markup import escape
 
     from packer.cli.render import stderr
 
-    # escaped: a message may hold brackets ('packer-llm[verify]', a file name) that are not markup
+    # escaped: a message may hold brackets (a file name, an extra) that are not markup
     stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    if _json_asked():  # a script reading stdout gets an object it can parse, not nothing
+        import json
+
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+        sys.stdout.flush()
     return typer.Exit(code)
 
 

@@ -100,7 +100,8 @@ def export(
     total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
     cp_size = cp_size_of(source)
     tmp = start(dest)
-    result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, cp_size))
+    notes = _NOTES[to] if source.manifest["config"].get("pad") else _unpadded(_NOTES[to])
+    result = ExportResult(dest, to, notes=notes + _cp_notes(to, cp_size))
     with building(tmp, dest):
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
         check = _checks(to, accept, cp_size, eos_id)
@@ -287,6 +288,11 @@ def check_destination(dest: Path, overwrite: bool) -> None:
 
 def cp_size_of(source: Source) -> int:
     return int(source.manifest["config"].get("cp_size") or 1)
+
+
+def _unpadded(notes: tuple[str, ...]) -> tuple[str, ...]:
+    """A note about --pad concerns padded outputs only."""
+    return tuple(note for note in notes if "--pad" not in note)
 
 
 def _cp_notes(to: str, cp_size: int) -> tuple[str, ...]:
