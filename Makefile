@@ -1,25 +1,38 @@
 # packer: the README's commands. `make demo` and `make test` work on a fresh machine.
+# `make demo` installs packer's light core (no torch) into .venv-demo; `make setup`, `make test`
+# and the other targets install the development stack (torch's CPU wheel, transformers, Ray...)
+# into .venv.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+DEMO_VENV := .venv-demo
+# torch's CPU wheel (no CUDA libraries): the test suite and the docs' examples run on a CPU
 TORCH_PIN := torch==2.13.0
+TORCH_INDEX := https://download.pytorch.org/whl/cpu
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(DEMO_VENV)/.installed
 
 .PHONY: setup demo test lint format bench sample train-tiny mutation readers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH_PIN)"
+	$(BIN)/pip install -q --index-url $(TORCH_INDEX) "$(TORCH_PIN)"
 	$(BIN)/pip uninstall -q -y packer 2>/dev/null || true  # the distribution's name before packer-llm
 	$(BIN)/pip install -q -e ".[dev]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/pip install -q .   # the core: no torch
+	touch $(DEMO_STAMP)
+
 setup: $(STAMP)
 	$(BIN)/packer warmup
 
-demo: setup
-	$(BIN)/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q

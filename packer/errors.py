@@ -28,6 +28,11 @@ def option(parameter: str, flag: str | None = None) -> str:
     return flag or "--" + parameter.replace("_", "-")
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 row`, `2 rows`, `1,500 samples`: a number and its noun, for messages and reports."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 @contextmanager
 def flag_names() -> Iterator[None]:
     """While active, `option` gives the CLI's flags: the CLI's commands run under it."""

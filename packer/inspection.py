@@ -18,7 +18,7 @@ from packer.contract.names import IGNORE_INDEX
 from packer.contract.remote import local_copy
 from packer.contract.schema import PAIR_SIDES
 from packer.contract.shards import ShardArrays, read_shard
-from packer.errors import UsageError, option
+from packer.errors import UsageError, count, option
 from packer.read.samples import SourceFile
 from packer.storage import display, is_url
 
@@ -54,23 +54,25 @@ def _read_all(directory: Path, manifest: dict) -> _Shards:
     return _Shards(batches, first)
 
 
-def _sources(manifest: dict) -> list[SourceFile]:
-    return [SourceFile.from_manifest(inp) for inp in manifest.get("inputs", [])]
+def _sources(manifest: dict) -> list[tuple[SourceFile, str]]:
+    """Each input with its name as the manifest records it: a URL stays whole (`s3://b/k`),
+    where a Path of it would read `s3:/b/k`."""
+    return [(SourceFile.from_manifest(inp), str(inp["path"])) for inp in manifest.get("inputs", [])]
 
 
-def _where(sources: list[SourceFile], index: int) -> dict:
+def _where(sources: list[tuple[SourceFile, str]], index: int) -> dict:
     """The source file of a global sample index and its line (JSONL) or row, when known."""
-    starts = [s.first_index for s in sources]
+    starts = [s.first_index for s, _ in sources]
     k = int(np.searchsorted(starts, index, side="right")) - 1
     if k < 0:
         return {"file": None}
-    src, row = sources[k], index - sources[k].first_index
-    if src.format == "jsonl" and src.path.is_file():
+    (src, name), row = sources[k], index - sources[k][0].first_index
+    if src.format == "jsonl" and "://" not in name and src.path.is_file():
         kind, n = src.position(row)
-        return {"file": str(src.path), kind: n}
-    if src.format == "jsonl":  # the file is gone: its line numbers with it
-        return {"file": str(src.path), "sample_in_file": row}
-    return {"file": str(src.path), "row": row}
+        return {"file": name, kind: n}
+    if src.format == "jsonl":  # the file is gone or remote: its line numbers with it
+        return {"file": name, "sample_in_file": row}
+    return {"file": name, "row": row}
 
 
 def _runs(mask: np.ndarray) -> list[list[int]]:
@@ -140,7 +142,11 @@ def segment_bins(hist: dict, max_bins: int = 16) -> tuple[list[str], list[int]]:
 
 
 def _row_view(
-    shards: _Shards, sources: list[SourceFile], row: int, tokenizer, pairs: bool = False
+    shards: _Shards,
+    sources: list[tuple[SourceFile, str]],
+    row: int,
+    tokenizer,
+    pairs: bool = False,
 ) -> dict:
     b, r = shards.locate(row)
     data = b.row(r)
@@ -206,7 +212,8 @@ def load_tokenizer(path: str | Path):
         from tokenizers import Tokenizer
     except ImportError:
         raise UsageError(
-            f"{option('tokenizer')} needs the tokenizers package: pip install 'packer-llm[inspect]'"
+            f"{option('tokenizer')} needs the tokenizers package "
+            "(packer's 'inspect' extra): pip install tokenizers"
         ) from None
     path = Path(path)
     if path.is_dir():
@@ -239,7 +246,7 @@ def inspect(
     for row in wanted:
         if not 0 <= row < n:
             raise UsageError(
-                f"{option('rows', '--row')} {row} is out of range (the output has {n:,} rows)"
+                f"{option('rows', '--row')} {row} is out of range (the output has {count(n, 'row')})"
             )
     if n == 0:
         wanted = []

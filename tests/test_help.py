@@ -80,7 +80,7 @@ def test_docs_show_the_examples_of_help(cli, name):
         rf"^### packer {name}\n(.*?)(?=^#{{1,3}} |\Z)", CLI_DOC.read_text(), re.M | re.S
     )
     assert section, f"docs/cli.md has no '### packer {name}' section"
-    block = re.search(r"^Examples .*?\n\n```\n(.*?)```", section.group(1), re.M | re.S)
+    block = re.search(r"^Examples .*?\n\n```(?:bash)?\n(.*?)```", section.group(1), re.M | re.S)
     documented = block.group(1).splitlines() if block else []
     assert documented == examples, (
         f"docs/cli.md's examples for `packer {name}` differ from `packer {name} --help`: replace "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -138,7 +139,7 @@ def test_tokenizer_decodes_segments_with_masked_runs(cli, packed, tmp_path: Path
         masked_words = sum(len(run["text"].split()) for run in seg["text"] if run["masked"])
         assert masked_words == seg["length"] - seg["loss_tokens"]
     text = cli("inspect", out, "--row", "2", "--tokenizer", tmp_path).stdout
-    assert "(masked" in text and "│ w" in text
+    assert "(label-masked text" in text and re.search(r"(?m)^sample \d+: «w", text)
 
 
 def test_html_page_is_self_contained(cli, packed, tmp_path: Path):
@@ -211,10 +212,31 @@ def test_masked_text_is_marked_without_colour(cli, tiny, tmp_path: Path, monkeyp
     result = cli("inspect", tiny, "--tokenizer", tok)
     assert result.exit_code == 0, result.stderr
     # the first token of every sample is masked (no label predicts it), here with its prompt
-    assert "│ «w1 w2»w3 <eos> " in result.stdout
+    assert "sample 0: «w1 w2»w3 <eos>" in result.stdout
     assert "«w4»" in result.stdout
     help_text = " ".join(cli("inspect", "--help").stdout.split())
     assert "between « » when piped" in help_text
+
+
+def test_text_is_whole_at_80_columns(cli, tmp_path: Path, monkeypatch):
+    """Each segment's text gets the terminal's width, not a narrow column: at 80 columns a long
+    end-of-turn token is printed whole, never cut or folded."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    eot = "<|end_of_turn|>"
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(9)} | {eot: 9}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([eot])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    samples = [{"input_ids": [1 + (i + k) % 8 for k in range(30)] + [9]} for i in range(4)]
+    src = write_jsonl(tmp_path / "a-long-file-name-for-the-source-column.jsonl", samples)
+    out = tmp_path / "out"
+    assert cli("pack", src, "-o", out, "-L", 128).exit_code == 0
+    monkeypatch.setenv("COLUMNS", "80")
+    result = cli("inspect", out, "--row", "0", "--tokenizer", tmp_path / "tokenizer.json")
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count(eot) == 4
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
 
 
 def test_ids_outside_the_vocabulary_are_one_warning(cli, tiny, tmp_path: Path):

@@ -87,7 +87,7 @@ def test_rows_and_the_torch_hint():
             parse_rows(bad)
         assert str(info.value) == f"rows must be a positive integer or 'all', got {bad!r}"
     assert torch_missing() == (
-        "the attention check needs torch: pip install 'packer-llm[verify]', or pass "
+        "the attention check needs torch (packer's 'verify' extra): pip install torch, or pass "
         "attention=False for the structural checks alone"
     )
     with flag_names():

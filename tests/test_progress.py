@@ -1,5 +1,6 @@
-"""Progress bars: drawn on a terminal (bytes of the file and of all files, planning, rows),
-never with --json or when stderr is not a terminal."""
+"""Progress: bars drawn on a terminal (bytes of the file and of all files, planning, rows), none
+with --json; without a terminal (a CI log) a plain `progress:` line every
+PACKER_PROGRESS_INTERVAL seconds instead."""
 
 from __future__ import annotations
 
@@ -76,8 +77,13 @@ def test_nothing_drawn_for_json_or_a_pipe(inputs: Path, tmp_path: Path, how: str
         code, stdout, terminal = run_on_terminal([*args, "--json"], tmp_path)
         assert '"samples_in": 3500' in stdout
     else:
+        env = {**os.environ, "PACKER_PROGRESS_INTERVAL": "3600"}  # no line in this short run
         proc = subprocess.run(
-            [sys.executable, "-m", "packer", *args], capture_output=True, text=True, cwd=tmp_path
+            [sys.executable, "-m", "packer", *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
         )
         code, terminal = proc.returncode, proc.stderr
         assert "samples in" in terminal  # the report itself still goes to stderr
@@ -106,3 +112,51 @@ def test_file_bar_ends_at_the_file_size(inputs: Path, tmp_path: Path):
     assert code == 0, terminal
     size = decimal((inputs / "b.parquet").stat().st_size)
     assert f"{size} / {size}" in terminal, terminal
+
+
+def _log_run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The CLI with stderr in a pipe (a CI log), a progress line at every update."""
+    env = {**os.environ, "PACKER_PROGRESS_INTERVAL": "0"}
+    cmd = [sys.executable, "-m", "packer", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+
+
+def test_lines_in_a_log(inputs: Path, tmp_path: Path):
+    proc = _log_run(["pack", str(inputs), "-o", str(tmp_path / "out"), "-L", "512"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("progress: ")]
+    stages = [line.split()[1] for line in lines]
+    assert {"reading", "planning", "writing"} <= set(stages), proc.stderr
+    assert stages.index("reading") < stages.index("planning") < stages.index("writing")
+    assert "\x1b" not in proc.stderr  # plain lines: no cursor moves, no colours
+    total = sum(p.stat().st_size for p in inputs.iterdir())
+    assert any(f"/ {total / 1000:.1f} kB (100 %)" in line for line in lines)
+    proc = _log_run(
+        ["verify", str(tmp_path / "out"), "--input", str(inputs), "--no-attention"], tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "progress: reading the --input files" in proc.stderr
+    assert "progress: checking every row" in proc.stderr
+
+
+@pytest.mark.parametrize("reader", ["whole", "batches"])
+def test_parquet_reports_its_bytes_as_it_is_decoded(tmp_path: Path, reader: str):
+    """A large Parquet file moves from its first row group, not only once it is read whole."""
+    import pyarrow.parquet as pq
+
+    from packer.read.cache import BATCH_READERS
+    from packer.read.formats import READERS
+
+    path = write_parquet(tmp_path / "p.parquet", make_samples(2000, seed=3, max_len=256))
+    pq.write_table(pq.read_table(path), path, row_group_size=200)  # 10 row groups
+    counted = []
+    with metering(counted.append):
+        if reader == "whole":
+            rows = READERS["parquet"](path, ["input_ids"]).table.num_rows
+        else:
+            rows = sum(
+                t.table.num_rows for t in BATCH_READERS["parquet"](path, ["input_ids"], 1 << 16)
+            )
+    assert rows == 2000
+    assert sum(counted) == path.stat().st_size
+    assert len([n for n in counted if n > 0]) >= 5, counted

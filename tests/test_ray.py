@@ -137,7 +137,8 @@ def test_without_ray_installed_the_ray_engine_is_one_line_and_writes_nothing(tmp
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 2
     assert r.stderr == (
-        "error: --engine ray needs Ray, which is not installed: pip install 'packer-llm[ray]'\n"
+        "error: --engine ray needs Ray, which is not installed: pip install 'ray[data]' "
+        "(packer's 'ray' extra)\n"
     )
     assert list(tmp_path.iterdir()) == []
 

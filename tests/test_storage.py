@@ -493,7 +493,7 @@ def test_a_missing_extra_is_named(tmp_path):
     )
     assert (r.returncode, r.stderr) == (
         2,
-        "error: s3:// URLs need packer's 's3' extra: pip install 'packer-llm[s3]'\n",
+        "error: s3:// URLs need packer's 's3' extra: pip install boto3\n",
     )
 
 

@@ -103,7 +103,7 @@ def test_flags_under_the_cli_and_the_torch_hint(output, model_dir, monkeypatch):
     with pytest.raises(UsageError) as info:
         verify(output)
     assert str(info.value) == (
-        "the attention check needs torch: pip install 'packer-llm[verify]', or pass "
+        "the attention check needs torch (packer's 'verify' extra): pip install torch, or pass "
         "attention=False for the structural checks alone"
     )
 

@@ -50,8 +50,8 @@ DETAILS = {
 }
 
 LINES = {
-    "structure": "214 rows, 1,500 samples, 436,230 tokens in 1 shard(s)",
-    "manifest": "3 shard(s): counts and hashes",
+    "structure": "214 rows, 1,500 samples, 436,230 tokens in 1 shard",
+    "manifest": "3 shards: counts and hashes",
     "input": "1,500 source samples, tokens and labels",
     "attention": "cpu (cpu, fp32), 16 rows / 160 samples: packed vs alone max diff 4.17e-07, "
     "vs fp32 reference 5.5e-07 (tolerance 1e-05); 224 s per million tokens",
@@ -113,12 +113,12 @@ def test_the_whole_table_as_a_terminal_shows_it():
     console = Console(record=True, width=80, color_system=None)
     console.print(verify_table(VerifyResult("out", checks)))
     assert console.export_text() == (
-        "packer verify → out: FAILED (attention not checked)                  \n"
-        "┏━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┓\n"
-        "┃ check     ┃ result   ┃ details                                    ┃\n"
-        "┡━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┩\n"
-        "│ structure │ ok       │ 3 rows, 5 samples, 40 tokens in 1 shard(s) │\n"
-        "│ manifest  │ 1 failed │ 1 shard(s): counts and hashes              │\n"
-        "│ input     │ skipped  │ no --input given                           │\n"
-        "└───────────┴──────────┴────────────────────────────────────────────┘\n"
+        "packer verify → out: FAILED (attention not checked)               \n"
+        "┏━━━━━━━━━━━┳━━━━━━━━━━┳━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┓\n"
+        "┃ check     ┃ result   ┃ details                                 ┃\n"
+        "┡━━━━━━━━━━━╇━━━━━━━━━━╇━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━┩\n"
+        "│ structure │ ok       │ 3 rows, 5 samples, 40 tokens in 1 shard │\n"
+        "│ manifest  │ 1 failed │ 1 shard: counts and hashes              │\n"
+        "│ input     │ skipped  │ no --input given                        │\n"
+        "└───────────┴──────────┴─────────────────────────────────────────┘\n"
     )

@@ -52,13 +52,29 @@ def main(
     """packer: offline sample packing for LLM training."""
 
 
+def _json_asked() -> bool:
+    """Whether the failing command was given --json (parsed, or still on the command line when
+    the options themselves were the error)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and "json_out" in ctx.params:
+        return bool(ctx.params["json_out"])
+    return "--json" in sys.argv[1:]
+
+
 def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
     from rich.markup import escape
 
     from packer.cli.render import stderr
 
-    # escaped: a message may hold brackets ('packer-llm[verify]', a file name) that are not markup
+    # escaped: a message may hold brackets (a file name, an extra) that are not markup
     stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    if _json_asked():  # a script reading stdout gets an object it can parse, not nothing
+        import json
+
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+        sys.stdout.flush()
     return typer.Exit(code)
 
 
@@ -194,28 +210,28 @@ TYPE_METAVARS = {int: "N", float: "X", Path: "PATH", list[int]: "N"}
 # shown under each command's --help; `\b` keeps click from rewrapping the lines
 EXAMPLES = {
     "pack": [
-        "packer pack data/train.jsonl -o packed -L 4096",
-        "packer pack 'data/*.parquet' -o packed -L 8192 --overlength split --on-error skip",
-        "packer pack packed -o packed-16k -L 16384 --repack",
+        "packer pack data/sample.jsonl.gz -o out/packed -L 4096 --overlength split",
+        "packer pack 'data/*.jsonl.gz' -o out/packed-2k -L 2048 --overlength split --on-error skip",
+        "packer pack out/packed -o out/packed-16k -L 16384 --repack",
     ],
     "inspect": [
-        "packer inspect packed",
-        "packer inspect packed -r 0 -r 7 --tokenizer tokenizer.json",
-        "packer inspect packed --html report.html",
+        "packer inspect out/packed",
+        "packer inspect out/packed -r 0 -r 7",
+        "packer inspect out/packed --html out/report.html",
     ],
     "plan": [
-        "packer plan data/train.jsonl -L 4096",
-        "packer plan data/train.jsonl -L 4096 --strategy bfd --world-size 8",
+        "packer plan data/sample.jsonl.gz -L 4096 --overlength split",
+        "packer plan data/sample.jsonl.gz -L 4096 --overlength split --strategy bfd --world-size 8",
     ],
     "verify": [
-        "packer verify packed",
-        "packer verify packed -i data/train.jsonl --rows all",
-        "packer verify packed --no-attention",
+        "packer verify out/packed",
+        "packer verify out/packed -i data/sample.jsonl.gz --rows 4",
+        "packer verify out/packed --no-attention",
     ],
     "export": [
-        "packer export packed --to megatron-bridge -o packed-bridge --eos-id 2",
-        "packer export packed --to mds -o packed-mds",
-        "packer export packed --to trl -o packed-trl",
+        "packer export out/packed --to megatron-bridge -o out/packed-bridge --eos-id 2",
+        "packer export out/packed --to mds -o out/packed-mds",
+        "packer export out/packed --to trl -o out/packed-trl",
     ],
     "warmup": ["packer warmup"],
 }

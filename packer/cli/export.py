@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from packer.cli.app import DEBUG, JSON, app, choices, user_errors
+from packer.errors import count
 
 FORMATS = ("megatron-bridge", "megatron", "mds", "trl")
 
@@ -86,7 +87,8 @@ def export_command(
     for note in result.notes:
         stderr.print(f"note: {note}", highlight=False, markup=False, soft_wrap=True)
     stderr.print(
-        f"exported {result.rows:,} rows ({result.samples:,} samples, {result.tokens:,} tokens) "
+        f"exported {count(result.rows, 'row')} ({count(result.samples, 'sample')}, "
+        f"{count(result.tokens, 'token')}) "
         f"as {to} to {result.dest} in {result.seconds:.2f} s",
         highlight=False,
         markup=False,

@@ -31,7 +31,7 @@ def inspect_command(
         "--tokenizer",
         help="A local tokenizer.json (or a directory holding one): show each segment's text, "
         "special tokens included; label-masked text (-100) is dimmed on a terminal and "
-        "between « » when piped or with NO_COLOR. Needs pip install 'packer-llm[inspect]'. "
+        "between « » when piped or with NO_COLOR. Needs the tokenizers package: pip install tokenizers. "
         "[default: none]",
     ),
     html: Optional[Path] = typer.Option(

@@ -210,7 +210,7 @@ def pack(
         "--engine",
         metavar=choices(ENGINES),
         help="Where the work runs: local (this process) or ray (Ray tasks, one per block; "
-        f"needs packer-llm[ray]). The output is the same. {config_default('local')}",
+        f"needs Ray, packer's ray extra). The output is the same. {config_default('local')}",
     ),
     ray_address: Optional[str] = typer.Option(
         None,

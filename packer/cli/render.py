@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -105,15 +109,59 @@ def split_note(report: dict) -> str | None:
     )
 
 
+def progress_interval() -> float:
+    """Seconds between progress lines without a terminal: PACKER_PROGRESS_INTERVAL, default 10."""
+    try:
+        return max(0.0, float(os.environ.get("PACKER_PROGRESS_INTERVAL", "10")))
+    except ValueError:
+        return 10.0
+
+
+class ProgressLines:
+    """Progress where no bar can be drawn (a CI log, a batch job): one plain line on stderr at
+    most every `interval` seconds, naming the stage under way, so a long run shows it is alive."""
+
+    def __init__(self, describe: Callable[..., str | None], interval: float | None = None):
+        self._describe = describe
+        self._interval = progress_interval() if interval is None else interval
+        self._start = self._last = time.monotonic()
+
+    def __call__(self, stage: str, done: int, total: int, label: str = "") -> None:
+        now = time.monotonic()
+        if now - self._last < self._interval:
+            return
+        text = self._describe(stage, done, total, label)
+        if text is None:
+            return
+        self._last = now
+        print(f"progress: {text} ({now - self._start:.0f} s)", file=sys.stderr, flush=True)
+
+
+def _pack_line(stage: str, done: int, total: int, label: str = "") -> str | None:
+    if stage == "file":  # "read" covers every file
+        return None
+    title = {"read": "reading", "plan": "planning", "write": "writing rows"}.get(stage, stage)
+    if stage in ("download", "upload") and label:
+        title = f"{title} {label}"
+    amount = _amount(stage, done, total)
+    if total and stage != "plan":
+        amount += f" ({100 * done / total:.0f} %)"
+    return f"{title} {amount}".rstrip()
+
+
 @contextmanager
 def progress_bars(enabled: bool):
     """Yield a `progress(stage, done, total, label)` callback that draws bars on a terminal.
 
     Reading shows the bytes of the current file and of all files, with an ETA; planning a
-    spinner; writing the rows. Nothing is drawn when stderr is not a terminal (logs, CI).
+    spinner; writing the rows. When stderr is not a terminal (logs, CI), a line every
+    PACKER_PROGRESS_INTERVAL seconds (10) instead.
     """
-    if not (enabled and stderr.is_terminal):
+    if not enabled:
         yield None
+        return
+    if not stderr.is_terminal:
+        yield ProgressLines(_pack_line)
         return
     bars = Progress(
         SpinnerColumn(),

@@ -26,7 +26,7 @@ def _histogram(title: str, labels: list[str], values: list[int]) -> Table:
 MASK_OPEN, MASK_CLOSE = "«", "»"
 
 
-def _row(view: dict, colour: bool = True) -> Table:
+def _row(view: dict) -> Table:
     table = Table(
         title=f"row {view['row']:,} ({view['shard']}, row {view['row_in_shard']:,}): "
         f"{view['tokens']:,} tokens, {view['loss_tokens']:,} loss tokens",
@@ -40,32 +40,37 @@ def _row(view: dict, colour: bool = True) -> Table:
         ("labels -100 at", "left"),
     ):
         table.add_column(name, justify=justify)
-    with_text = any("text" in seg for seg in view["segments"])
-    if with_text:
-        table.add_column(
-            "text (masked dimmed)" if colour else f"text (masked between {MASK_OPEN} {MASK_CLOSE})"
-        )
     for seg in view["segments"]:
         masked = ", ".join(f"{a}-{b - 1}" for a, b in seg["masked"]) or "none"
-        cells = [
+        table.add_row(
             str(seg.get("sample_index", "")),
             source_text(seg),
             f"{seg['length']:,}",
             f"{seg['loss_tokens']:,}",
             masked,
-        ]
-        if with_text:
-            text = Text()
-            for run in seg.get("text", []):
-                if run["masked"] and colour:
-                    text.append(run["text"], style="dim")
-                elif run["masked"]:
-                    text.append(f"{MASK_OPEN}{run['text']}{MASK_CLOSE}")
-                else:
-                    text.append(run["text"])
-            cells.append(text)
-        table.add_row(*cells)
+        )
     return table
+
+
+def _texts(view: dict, colour: bool = True) -> list[Text]:
+    """Each segment's text below the table, at the terminal's full width: a column beside five
+    others would leave it a dozen characters at 80 columns, and cut special tokens."""
+    if not any("text" in seg for seg in view["segments"]):
+        return []
+    how = "dimmed" if colour else f"between {MASK_OPEN} {MASK_CLOSE}"
+    texts = [Text(f"text of row {view['row']:,}'s segments (label-masked text {how}):")]
+    for seg in view["segments"]:
+        name = "padding" if seg.get("padding") else f"sample {seg.get('sample_index', '')}"
+        text = Text(f"{name}: ", style="bold", overflow="fold")
+        for run in seg.get("text", []):
+            if run["masked"] and colour:
+                text.append(run["text"], style="dim")
+            elif run["masked"]:
+                text.append(f"{MASK_OPEN}{run['text']}{MASK_CLOSE}")
+            else:
+                text.append(run["text"])
+        texts.append(text)
+    return texts
 
 
 def draw(report: dict, console: Console | None = None) -> None:
@@ -104,5 +109,8 @@ def draw(report: dict, console: Console | None = None) -> None:
         )
     )
     console.print(_histogram("segments per row", *segment_bins(report["histograms"])))
+    colour = console.color_system is not None and not console.no_color
     for view in report["row_views"]:
-        console.print(_row(view, colour=console.color_system is not None and not console.no_color))
+        console.print(_row(view))
+        for text in _texts(view, colour):
+            console.print(text)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from packer.errors import count
 from packer.verify.result import VerifyResult
+
+
+def _n(d: dict, key: str, noun: str) -> str:
+    """`1 row`, `2 rows`; `- rows` where the report lacks the count."""
+    x = d.get(key)
+    return count(x, noun) if isinstance(x, int) else f"{_fmt(x)} {noun}s"
 
 
 def _fmt(x) -> str:
@@ -18,17 +25,17 @@ def _fmt(x) -> str:
 def _summary(name: str, d: dict) -> str:
     if name == "structure":
         return (
-            f"{_fmt(d.get('rows'))} rows, {_fmt(d.get('samples'))} samples, "
-            f"{_fmt(d.get('tokens'))} tokens in {_fmt(d.get('shards'))} shard(s)"
+            f"{_n(d, 'rows', 'row')}, {_n(d, 'samples', 'sample')}, "
+            f"{_n(d, 'tokens', 'token')} in {_n(d, 'shards', 'shard')}"
         )
     if name == "manifest":
-        return f"{_fmt(d.get('shards'))} shard(s): counts and hashes"
+        return f"{_n(d, 'shards', 'shard')}: counts and hashes"
     if name == "input":
-        return f"{_fmt(d.get('samples'))} source samples, tokens and labels"
+        return f"{_n(d, 'samples', 'source sample')}, tokens and labels"
     if name == "pairs":
         return (
-            f"{_fmt(d.get('pairs'))} pairs whole, adjacent, in one row, one prompt "
-            f"({_fmt(d.get('segments'))} segments)"
+            f"{_n(d, 'pairs', 'pair')} whole, adjacent, in one row, one prompt "
+            f"({_n(d, 'segments', 'segment')})"
         )
     if name == "cp":
         return f"cp_size {_fmt(d.get('cp_size'))}: {d.get('splits', '-')}"
@@ -40,14 +47,14 @@ def _summary(name: str, d: dict) -> str:
         )
         return (
             f"{_fmt(d.get('cp_size'))} ranks simulated (zigzag, ring, fp32), "
-            f"{_fmt(d.get('rows'))} rows / {_fmt(d.get('samples'))} samples: vs alone max diff "
+            f"{_n(d, 'rows', 'row')} / {_n(d, 'samples', 'sample')}: vs alone max diff "
             f"{_fmt(d.get('max_diff'))} (tolerance {_fmt(d.get('tolerance'))}); controls "
             f"{controls} (must exceed {_fmt(d.get('threshold'))})"
         )
     if name == "attention":
         return (
             f"{d.get('backend')} ({d.get('device')}, {d.get('dtype')}), "
-            f"{_fmt(d.get('rows'))} rows / {_fmt(d.get('samples'))} samples: packed vs "
+            f"{_n(d, 'rows', 'row')} / {_n(d, 'samples', 'sample')}: packed vs "
             f"alone max diff {_fmt(d.get('max_isolated_diff'))}, vs fp32 reference "
             f"{_fmt(d.get('max_reference_diff'))} (tolerance {_fmt(d.get('tolerance'))}); "
             f"{_fmt(d.get('seconds_per_million_tokens'))} s per million tokens"
@@ -56,19 +63,19 @@ def _summary(name: str, d: dict) -> str:
         synthetic = " (two joined samples)" if d.get("synthetic") else ""
         return (
             f"plain causal leaks {_fmt(d.get('min_leak'))}..{_fmt(d.get('max_leak'))} into "
-            f"{_fmt(d.get('samples_measured'))} later samples{synthetic} (must exceed "
+            f"{_n(d, 'samples_measured', 'later sample')}{synthetic} (must exceed "
             f"{_fmt(d.get('threshold'))})"
         )
     if name == "model":
         return (
-            f"{_fmt(d.get('samples'))} samples: loss diff {_fmt(d.get('max_loss_diff'))}, "
+            f"{_n(d, 'samples', 'sample')}: loss diff {_fmt(d.get('max_loss_diff'))}, "
             f"logits diff {_fmt(d.get('max_logits_diff'))}; causal-mask control "
             f"{_fmt(d.get('control_min_logits_leak'))}"
         )
     if name == "user_model":
         return (
             f"{d.get('model')} ({d.get('weights')}; {d.get('attn_implementation')}, "
-            f"{d.get('dtype')}), {_fmt(d.get('samples'))} samples: logits diff "
+            f"{d.get('dtype')}), {_n(d, 'samples', 'sample')}: logits diff "
             f"{_fmt(d.get('max_logits_diff'))}, loss diff {_fmt(d.get('max_loss_diff'))} "
             f"(tolerance {_fmt(d.get('tolerance'))}); 2D-mask control "
             f"{_fmt(d.get('control_min_logits_leak'))}"

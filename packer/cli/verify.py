@@ -33,10 +33,13 @@ def progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None] | N
 
     A stage without a total (the structure checks) is a spinner; the others count rows.
     """
-    from packer.cli.render import stderr
+    from packer.cli.render import ProgressLines, stderr
 
-    if not (enabled and stderr.is_terminal):
+    if not enabled:
         yield None
+        return
+    if not stderr.is_terminal:  # a log: a line every PACKER_PROGRESS_INTERVAL seconds
+        yield ProgressLines(lambda stage, done, total, label="": f"{stage} {done:,}/{total or '?'}")
         return
     from rich.progress import (
         BarColumn,

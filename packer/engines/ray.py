@@ -57,7 +57,8 @@ class RayEngine:
             import ray
         except ImportError:
             raise UsageError(
-                "--engine ray needs Ray, which is not installed: pip install 'packer-llm[ray]'"
+                "--engine ray needs Ray, which is not installed: pip install 'ray[data]' "
+                "(packer's 'ray' extra)"
             ) from None
         self.ray = ray
         self.owned = False

@@ -128,7 +128,8 @@ def _export(
     config = source.manifest["config"]
     multiple = config_multiple(config)
     tmp = start(dest)
-    result = ExportResult(dest, to, notes=_NOTES[to] + _cp_notes(to, config))
+    notes = _NOTES[to] if config.get("pad") else _unpadded(_NOTES[to])
+    result = ExportResult(dest, to, notes=notes + _cp_notes(to, config))
     with building(tmp, dest):
         writer = _writer(to, tmp, source, vocab_size, mds_size_limit, eos_id)
         vocab = (getattr(writer, "vocab_size", None), vocab_size is not None)
@@ -355,6 +356,11 @@ def check_destination(dest: Path, overwrite: bool) -> None:
 
 def cp_size_of(source: Source) -> int:
     return int(source.manifest["config"].get("cp_size") or 1)
+
+
+def _unpadded(notes: tuple[str, ...]) -> tuple[str, ...]:
+    """A note about --pad concerns padded outputs only."""
+    return tuple(note for note in notes if "--pad" not in note)
 
 
 def _cp_notes(to: str, config: dict) -> tuple[str, ...]:

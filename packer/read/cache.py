@@ -30,7 +30,7 @@ from packer.read.assemble import assemble_offsets, check_schema, new_source
 from packer.read.columns import check_files, sample_columns
 from packer.read.files import detect_format, expand_inputs
 from packer.read.formats import _JSON_BLOCK, READERS, RawTable, _json_schema, _list_of_int
-from packer.read.progress import open_input
+from packer.read.progress import ParquetMeter, open_input
 from packer.read.samples import Rejects, Samples
 from packer.read.validate import validate
 
@@ -119,9 +119,11 @@ def _parquet_batches(
             yield RawTable(pa.table({"__rows__": pa.nulls(meta.num_rows)}))
             return
         per_row = estimate_decoded_bytes([path], present) / max(meta.num_rows, 1)
+        meter = ParquetMeter(path, meta.num_rows)
         for batch in pf.iter_batches(
             batch_size=_batch_rows(per_row, batch_bytes), columns=present, use_threads=True
         ):
+            meter.rows_done(batch.num_rows)
             yield RawTable(pa.Table.from_batches([batch]))
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"cannot read Parquet: {exc}", where=str(path)) from None

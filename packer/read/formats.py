@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from packer.errors import InputError
 from packer.read.files import detect_format
-from packer.read.progress import open_input
+from packer.read.progress import ParquetMeter, open_input
 from packer.read.reasons import REASON_CODE
 
 
@@ -251,7 +251,17 @@ def _read_parquet(path: Path, columns: list[str]) -> RawTable:
     try:
         schema = pq.read_schema(path)
         present = [c for c in columns if c in schema.names]
-        table = pq.read_table(path, columns=present, memory_map=True)
+        meter = ParquetMeter(path, pq.read_metadata(path).num_rows) if present else None
+        if meter is not None and meter.active:  # a row group at a time, each one reported
+            pf = pq.ParquetFile(path, memory_map=True)
+            groups = []
+            for i in range(pf.num_row_groups):
+                groups.append(pf.read_row_group(i, columns=present))
+                meter.rows_done(groups[-1].num_rows)
+            table = pa.concat_tables(groups) if groups else pf.schema_arrow.empty_table()
+            table = table.select(present)
+        else:
+            table = pq.read_table(path, columns=present, memory_map=True)
         if not present:
             table = pa.table({"__rows__": pa.nulls(pq.ParquetFile(path).metadata.num_rows)})
     except (pa.ArrowInvalid, OSError) as exc:

@@ -2,8 +2,9 @@
 
 JSONL is parsed from one stream per file, so the bytes the parser has pulled are the only sign
 of progress inside a large file: `open_input` counts them while a meter is active (only while
-bars are drawn; otherwise it is the plain Arrow stream). Parquet and Arrow files are memory-mapped
-and count when they are done.
+progress is shown; otherwise it is the plain Arrow stream). Parquet files are decoded a row
+group or a batch at a time and report their share of the file's bytes (`ParquetMeter`), so a
+large one moves from its first second; Arrow files are memory-mapped and count when done.
 """
 
 from __future__ import annotations
@@ -60,6 +61,28 @@ def open_input(path: Path, compression: str | None):
         return pa.input_stream(str(path), compression=compression)
     stream = pa.PythonFile(_Counting(path, on_bytes), mode="r")
     return pa.CompressedInputStream(stream, compression) if compression else stream
+
+
+class ParquetMeter:
+    """Reports a Parquet file's bytes in proportion to the rows decoded so far (a no-op when no
+    meter is active)."""
+
+    def __init__(self, path, num_rows: int):
+        self._on_bytes = _meter.get()
+        self._size = Path(path).stat().st_size if self._on_bytes is not None else 0
+        self._rows, self._num_rows, self._reported = 0, max(num_rows, 1), 0
+
+    @property
+    def active(self) -> bool:
+        return self._on_bytes is not None
+
+    def rows_done(self, rows: int) -> None:
+        if self._on_bytes is None:
+            return
+        self._rows += rows
+        now = self._size * min(self._rows, self._num_rows) // self._num_rows
+        self._on_bytes(now - self._reported)
+        self._reported = now
 
 
 @contextmanager

@@ -38,9 +38,14 @@ class Entry:
     is_dir: bool = False
 
 
+_EXTRA_PACKAGES = {"s3": "boto3", "gcs": "gcsfs", "hf": "datasets"}  # pyproject.toml's extras
+
+
 def missing_extra(protocol: str, extra: str) -> UsageError:
+    # the package itself, not `packer-llm[extra]`: that resolves only once packer is on PyPI
     return UsageError(
-        f"{protocol}:// URLs need packer's '{extra}' extra: pip install 'packer-llm[{extra}]'"
+        f"{protocol}:// URLs need packer's '{extra}' extra: "
+        f"pip install {_EXTRA_PACKAGES.get(extra, extra)}"
     )
 
 

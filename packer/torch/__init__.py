@@ -20,7 +20,7 @@ try:
 except ImportError as exc:  # the core install: say which extra brings torch
     raise ImportError(
         "packer.torch needs torch, which the core install leaves out: "
-        "pip install 'packer-llm[verify]' (or install torch first)"
+        "pip install torch (packer's 'verify' extra)"
     ) from exc
 
 from packer.contract.schema import CONTRACT_COLUMNS

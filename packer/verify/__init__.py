@@ -48,7 +48,7 @@ def parse_rows(value: str | int | None) -> int | None:
 
 def torch_missing() -> str:
     return (
-        "the attention check needs torch: pip install 'packer-llm[verify]', or pass "
+        "the attention check needs torch (packer's 'verify' extra): pip install torch, or pass "
         f"{option('attention=False', '--no-attention')} for the structural checks alone"
     )
 
@@ -68,6 +68,7 @@ Progress = Callable[[str, int, int], None]
 OnRow = Callable[[int, int], None]  # (rows done, rows in all), as a check goes
 
 # The stages `verify` reports to its `progress` callback: (stage, done, total).
+STAGE_INPUT = "reading the --input files"  # done counts files; the total is not known ahead
 STAGE_STRUCTURE = "checking every row"
 STAGE_ATTENTION = "attention rows"
 STAGE_CP_ATTENTION = "CP ring attention rows"
@@ -142,7 +143,7 @@ def verify(
             manifest = version.manifest
             if inputs and columns != _columns(manifest):
                 columns = _columns(manifest)
-                source = _read_source(inputs, manifest)
+                source = _read_source(inputs, manifest, progress)
             checks = _checks_of_version(version, source, run)
             if checks is not None:
                 return VerifyResult(display(out), checks, seconds=time.perf_counter() - t0)
@@ -205,16 +206,26 @@ def _columns(manifest: dict) -> tuple:
     return cfg["input_column"], A.ColumnName(labels) if labels else None
 
 
-def _read_source(inputs: list, manifest: dict):
+def _read_source(inputs: list, manifest: dict, progress: Progress | None = None):
     """The `--input` samples (or pairs, for a pairs output), bad ones counted, not raised."""
     columns = _columns(manifest)
+    on_file = None
+    if progress is not None:  # a stage of its own: reading a large input takes a while
+        files = [0]
+        progress(STAGE_INPUT, 0, 0)
+
+        def on_file(path) -> None:
+            files[0] += 1
+            progress(STAGE_INPUT, files[0], 0)
+
     if columns[0] == "pairs":
         from packer.read.pairs import read_pairs
 
-        return read_pairs(inputs, columns[1:], on_error="skip")
+        return read_pairs(inputs, columns[1:], on_error="skip", progress=on_file)
     from packer.read.assemble import read_samples
 
-    return read_samples(inputs, *columns, on_error="skip")  # verify counts rejects
+    # verify counts rejects
+    return read_samples(inputs, *columns, on_error="skip", progress=on_file)
 
 
 def _run_checks(
