@@ -123,6 +123,8 @@ def test_bridge_export_pads_to_the_multiple(src, tmp_path):
     out = tmp_path / "out"
     packer.pack([src], out, packer.PackConfig(max_len=L, tp_size=4, sequence_parallel=True))
     dest = tmp_path / "bridge"
+    with pytest.raises(UsageError, match="eos_id is needed"):  # the layout pads with EOS
+        export(out, "megatron-bridge", dest)
     result = export(out, "megatron-bridge", dest, eos_id=EOS)
     assert any("pad_seq_to_mult = 4" in note for note in result.notes)
     metadata = json.loads((dest / "packing_metadata.json").read_text())[0]

@@ -180,3 +180,27 @@ def test_packers_own_collator_on_the_shards_passes(trl_export, tmp_path, mode):
         data_collator=partial(collate_packed, mode=mode),
     )
     assert check_trainer(trainer) > 2
+
+
+def test_rows_are_found_by_their_tokens_when_all_start_alike():
+    """Every row starts with the same BOS id, one row is another's prefix, and the dataset is
+    shuffled (an indices mapping): the batch's rows are still told apart."""
+    bos = 5
+    rows = [[bos, 7, 8, 9, bos, 3], [bos, 7, 8], [bos, 1, bos, 2, 2, 2, 2, 2], [bos] * 40]
+    lengths = [[4, 2], [3], [2, 6], [20, 20]]
+    ds = datasets.Dataset.from_dict(
+        {"input_ids": rows, "seq_lengths": lengths, "sample_index": [[0]] * 4}
+    ).shuffle(seed=3)
+    order = [3, 0, 2]  # the batch: rows 3, 0 and 2 joined, then two pad tokens
+    ids = [t for i in order for t in rows[i]] + [0, 0]
+    pos = [p for i in order for n in lengths[i] for p in range(n)] + [0, 1]
+    labels = [-100 if p == 0 else 1 for p in pos]
+    batch = {
+        "input_ids": torch.tensor([ids]),
+        "position_ids": torch.tensor([pos]),
+        "labels": torch.tensor([labels]),
+    }
+    assert check_batch(batch, ds) == 6
+    wrong = dict(batch, position_ids=torch.tensor([list(range(40)) + pos[40:]]))
+    with pytest.raises(TrainerCheckError, match="batch row 0, token 20: position 20"):
+        check_batch(wrong, ds)

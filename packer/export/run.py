@@ -265,7 +265,8 @@ def _checked_with(source: Source, to, dest, overwrite, eos_id):
         and eos_id is None
     ):
         raise UsageError(
-            f"{option('eos_id', '--eos-id')} is needed to export a --cp-size output to "
+            f"{option('eos_id', '--eos-id')} is needed to export a --cp-size (or "
+            "--sequence-parallel) output to "
             "Megatron-Bridge: its CP layout pads every sub-sequence with EOS and finds each "
             "sample's real end by it",
             where=source.name or str(source.directory),

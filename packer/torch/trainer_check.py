@@ -112,32 +112,58 @@ def _check_export(dataset) -> None:
         )
 
 
+PREFIX = 32  # rows are found by a hash of their first tokens (all start with BOS, say)
+_POWERS = np.full(PREFIX, 0x100000001B3, np.uint64) ** np.arange(PREFIX, dtype=np.uint64)
+
+
+def _prefix_hash(tokens: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of the first k[i] tokens of each row of `tokens` ([rows, PREFIX])."""
+    keep = np.arange(PREFIX)[None, :] < k[:, None]
+    t = np.where(keep, tokens.astype(np.int64) + 1, 0).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        return (t * _POWERS).sum(axis=1, dtype=np.uint64) ^ k.astype(np.uint64)
+
+
 class _RowIndex:
     """packer's export rows, found by their tokens: which rows a batch row concatenates."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, block: int = 1 << 16):
         self.dataset = dataset
-        firsts, lengths = [], []
+        hashes, lengths = [], []
         for chunk in dataset.data.column("input_ids").chunks:  # memory-mapped: read in place
             off = chunk.offsets.to_numpy(zero_copy_only=False).astype(np.int64)
             values = chunk.values.to_numpy(zero_copy_only=False)
-            n = np.diff(off)
-            at = np.minimum(off[:-1], max(values.size - 1, 0))
-            firsts.append(values[at] if values.size else np.zeros(n.size, np.int64))
-            lengths.append(n)
-        first, length = np.concatenate(firsts), np.concatenate(lengths)
+            for a in range(0, off.size - 1, block):  # [block, PREFIX] at a time
+                n = np.diff(off[a : a + block + 1])
+                start = off[a : a + n.size]
+                at = np.minimum(start[:, None] + np.arange(PREFIX), max(values.size - 1, 0))
+                heads = values[at] if values.size else np.zeros(at.shape, np.int64)
+                hashes.append(_prefix_hash(heads, np.minimum(n, PREFIX)))
+                lengths.append(n)
+        h = np.concatenate(hashes) if hashes else np.zeros(0, np.uint64)
+        length = np.concatenate(lengths) if lengths else np.zeros(0, np.int64)
         indices = getattr(dataset, "_indices", None)  # a select() or shuffle() of the rows
         if indices is not None:
             order = indices.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
-            first, length = first[order], length[order]
+            h, length = h[order], length[order]
         self.rows = np.flatnonzero(length > 0)  # dataset row numbers
-        self.by_first = np.argsort(first[self.rows], kind="stable")
-        self.sorted_first = first[self.rows][self.by_first]
+        self.by_hash = np.argsort(h[self.rows], kind="stable")
+        self.sorted_hash = h[self.rows][self.by_hash]
+        self.prefixes = np.unique(np.minimum(length[self.rows], PREFIX))  # PREFIX, and shorter
 
-    def _candidates(self, token: int) -> np.ndarray:
-        lo = np.searchsorted(self.sorted_first, token, "left")
-        hi = np.searchsorted(self.sorted_first, token, "right")
-        return self.rows[self.by_first[lo:hi]]
+    def _candidates(self, tokens: np.ndarray) -> np.ndarray:
+        """The rows whose first tokens are those of `tokens`."""
+        k = self.prefixes[self.prefixes <= tokens.size]
+        if not k.size:
+            return np.zeros(0, np.int64)
+        head = np.zeros((k.size, PREFIX), np.int64)
+        head[:, : min(PREFIX, tokens.size)] = tokens[:PREFIX]
+        found = []
+        for h in _prefix_hash(head, k):
+            lo = np.searchsorted(self.sorted_hash, h, "left")
+            hi = np.searchsorted(self.sorted_hash, h, "right")
+            found.append(self.rows[self.by_hash[lo:hi]])
+        return np.concatenate(found)
 
     def positions_of(self, tokens: np.ndarray, r: int) -> np.ndarray:
         """The position ids packer's samples give a batch row made of whole export rows; its
@@ -145,7 +171,7 @@ class _RowIndex:
         out, p = [], 0
         while p < tokens.size:
             match = None
-            for i in self._candidates(int(tokens[p])):
+            for i in self._candidates(tokens[p:]):
                 row = self.dataset[int(i)]
                 n = len(row["input_ids"])
                 fits = n <= tokens.size - p and np.array_equal(tokens[p : p + n], row["input_ids"])

@@ -42,7 +42,7 @@ def _row_problem(
     shard: ShardArrays, r: int, mult: int, pad_id: int, what: str | None = None
 ) -> tuple[int | None, str] | None:
     """The first CP problem of row r as (segment or None, text), or None. `what` names the
-    multiple (packer.planning.cp.multiple_text)."""
+    multiple (packer.planning.multiple.multiple_text)."""
     what = what or f"2 x cp_size = {mult}"
     row = shard.row(r)
     cup = np.asarray(row["cu_seqlens"], np.int64)
