@@ -250,12 +250,6 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
 
 
 def _checked_with(source: Source, to, dest, overwrite, eos_id):
-    if source.rows == 0 and to in EMPTY_REFUSED:
-        raise InputError(
-            f"the output holds no rows (see its manifest's stats), and {EMPTY_REFUSED[to]}; "
-            "nothing was written",
-            where=source.name or str(source.directory),
-        )
     if to == "megatron-bridge" and cp_size_of(source) > 1 and eos_id is None:
         raise UsageError(
             f"{option('eos_id', '--eos-id')} is needed to export a --cp-size output to "
@@ -272,6 +266,12 @@ def _checked_with(source: Source, to, dest, overwrite, eos_id):
     dest = Path(dest)
     check_outside(dest, source.directory)
     check_destination(dest, overwrite)
+    if source.rows == 0 and to in EMPTY_REFUSED:
+        raise InputError(
+            f"the output holds no rows (see its manifest's stats), and {EMPTY_REFUSED[to]}; "
+            "nothing was written",
+            where=source.name or str(source.directory),
+        )
     return source, dest
 
 
