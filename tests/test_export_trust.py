@@ -304,3 +304,29 @@ def test_every_shard_is_held_open_under_a_low_open_file_limit(tmp_path):
     line = r.stderr.strip()
     assert "\n" not in line and f"open-file limit is {shards + 100}" in line
     assert nothing_written(tmp_path / "hard")
+
+
+def test_the_readers_refuse_the_empty_files_their_formats_would_hold(tmp_path):
+    """Why mds and megatron refuse an output without rows: the trainers' own readers fail on
+    the empty files (what streaming's MDSWriter writes for 0 samples; an empty .bin)."""
+    from export_checks import readers_python
+
+    from packer.export.mds import MdsWriter
+    from packer.export.megatron import MegatronWriter
+
+    python = readers_python()
+    if python is None:
+        pytest.skip("the readers' virtualenv (scripts/readers_venv.py) cannot be built here")
+    (tmp_path / "mds").mkdir()
+    MdsWriter(tmp_path / "mds").finish()
+    (tmp_path / "meg").mkdir()
+    MegatronWriter(tmp_path / "meg", 32000).finish()
+    reader = Path(__file__).parent / "consumer_readers.py"
+    for args, why in (
+        (["mds", tmp_path / "mds"], "contains no samples"),
+        (["megatron", tmp_path / "meg"], "cannot mmap an empty file"),
+    ):
+        r = subprocess.run(
+            [str(python), str(reader), *map(str, args)], capture_output=True, text=True, timeout=300
+        )
+        assert r.returncode != 0 and why in r.stderr, r.stderr[-2000:]

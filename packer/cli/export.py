@@ -38,7 +38,7 @@ def export_command(
         None,
         "--vocab-size",
         help="megatron: the vocabulary size that picks the token dtype (uint16 below 65500, "
-        "else int32). [default: the largest token id + 1]",
+        "else int32); an id at or above it is refused. [default: the largest token id + 1]",
     ),
     eos_id: Optional[int] = typer.Option(
         None,

@@ -253,12 +253,6 @@ def _checked(output, to, dest, overwrite, vocab_size, eos_id, accept, mds_size_l
 
 
 def _checked_with(source: Source, to, dest, overwrite, eos_id):
-    if source.rows == 0 and to in EMPTY_REFUSED:
-        raise InputError(
-            f"the output holds no rows (see its manifest's stats), and {EMPTY_REFUSED[to]}; "
-            "nothing was written",
-            where=source.name or str(source.directory),
-        )
     if (
         to == "megatron-bridge"
         and config_multiple(source.manifest["config"]) > 1
@@ -280,6 +274,12 @@ def _checked_with(source: Source, to, dest, overwrite, eos_id):
     dest = Path(dest)
     check_outside(dest, source.directory)
     check_destination(dest, overwrite)
+    if source.rows == 0 and to in EMPTY_REFUSED:
+        raise InputError(
+            f"the output holds no rows (see its manifest's stats), and {EMPTY_REFUSED[to]}; "
+            "nothing was written",
+            where=source.name or str(source.directory),
+        )
     return source, dest
 
 
@@ -353,10 +353,6 @@ def check_destination(dest: Path, overwrite: bool) -> None:
                 f"(no {EXPORT_MANIFEST})",
                 where=str(dest),
             )
-
-
-def cp_size_of(source: Source) -> int:
-    return int(source.manifest["config"].get("cp_size") or 1)
 
 
 def _unpadded(notes: tuple[str, ...]) -> tuple[str, ...]:
