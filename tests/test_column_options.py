@@ -108,8 +108,8 @@ def test_a_jsonl_file_lacks_a_column_only_when_no_line_has_it(cli, tmp_path):
     r = cli("pack", data, "-o", tmp_path / "o2", *PACK, "--labels-column", "labels")
     assert r.exit_code == EXIT_FAILURE
     assert one_error_line(r).endswith(
-        "a.jsonl: line 1: no 'labels' in this sample (--labels-column names it: every sample "
-        "needs it)"
+        "a.jsonl: line 1: no 'labels' in this sample (a labels column that is named must be in "
+        "every one)"
     )
 
 
@@ -120,7 +120,7 @@ def test_a_named_labels_column_is_needed_on_every_jsonl_line(cli, tmp_path):
     r = cli("pack", data, "-o", tmp_path / "out", *PACK, "--labels-column", "labels")
     assert r.exit_code == EXIT_FAILURE
     line = one_error_line(r)
-    assert f"{data}: line 7: no 'labels' in this sample (--labels-column names it" in line
+    assert f"{data}: line 7: no 'labels' in this sample (a labels column that is named" in line
     assert not (tmp_path / "out").exists()
     r = cli(
         "pack", data, "-o", tmp_path / "out", *PACK, "--labels-column", "labels",
@@ -324,3 +324,19 @@ def test_pack_dataset_refuses_column_options_it_would_ignore():
     packed = packer.pack_dataset(rows, 8, input_column="ids", labels_column="lab")
     assert packed.column("labels").to_pylist() == [[-100, 2]]
     assert packer.pack_dataset([[1, 2], [3]], 8, labels=[[1, 2], [3]]).num_rows == 1
+
+
+def test_ray_and_local_blocks_name_a_line_without_the_named_labels_alike(cli, cluster, tmp_path):
+    pytest.importorskip("ray")
+    d = tmp_path / "in"
+    d.mkdir()
+    samples = make_samples(300, seed=6, median=50)
+    del samples[250]["labels"]  # line 251, in a later block
+    write_jsonl(d / "a.jsonl", samples)
+    args = ("pack", d, *PACK, "--labels-column", "labels", "--block-size", "24KiB")
+    local = cli(*args, "-o", tmp_path / "local")
+    on_ray = cli(*args, "-o", tmp_path / "ray", "--engine", "ray", "--ray-address", cluster)
+    assert local.exit_code == on_ray.exit_code == EXIT_FAILURE
+    assert "a.jsonl: line 251: no 'labels' in this sample" in one_error_line(on_ray)
+    assert on_ray.stderr == local.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
