@@ -134,9 +134,11 @@ def column_option(name: str, column) -> str:
     return option(name)
 
 
-def missing_column(name: str, column: str, have: list[str] | None, where: str) -> OptionError:
+def missing_column(
+    name: str, column: str, have: list[str] | None, where: str, seen: str = "it has"
+) -> OptionError:
     """The error for a column option naming a column that `where` does not have: the option,
-    the columns that are there (when known) and the closest of them."""
+    the columns that are there (`seen`: what `have` lists, when known) and the closest."""
     default = not named(column)
     if default:
         text = f"{where} has no '{column}' column"
@@ -144,7 +146,7 @@ def missing_column(name: str, column: str, have: list[str] | None, where: str) -
         text = f"{column_option(name, column)} '{column}' is not in {where}"
     if have is None:
         return OptionError(text)
-    text += f" (it has: {', '.join(have) or 'no columns'})"
+    text += f" ({seen}: {', '.join(have) or 'no columns'})"
     close = difflib.get_close_matches(column, have, n=1, cutoff=0.75 if default else 0.6)
     if name == "input_column" and default and _RAW_KEYS & set(have):
         text += (

@@ -17,7 +17,7 @@ import pytest
 from conftest import make_samples, write_jsonl, write_parquet
 
 from packer import hashing
-from packer.errors import EXIT_USAGE
+from packer.errors import EXIT_FAILURE
 from packer.read.assemble import read_samples
 from packer.verify.result import MAX_LISTED, CheckResult
 from packer.verify.structure import check_structure
@@ -43,8 +43,8 @@ def failures(report: dict) -> list[str]:
 
 
 def refused(r, tmp_path: Path, target: Path, *words: str) -> str:
-    """One `error:` line, exit 2, naming the words, and nothing written."""
-    assert r.exit_code == EXIT_USAGE, r.output
+    """One `error:` line, exit 1 (bad data), naming the words, and nothing written."""
+    assert r.exit_code == EXIT_FAILURE, r.output
     lines = [line for line in r.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.output
     for word in (*words, "packer verify"):
@@ -195,7 +195,7 @@ def test_verify_counts_rejected_samples(cli, tmp_path: Path):
     assert report["ok"], failures(report)
     # the library with the source read as pack read it (skipping the rejected sample)
     checks = [CheckResult(n) for n in ("structure", "manifest", "input")]
-    source = read_samples([src], "input_ids", "labels", on_error="skip")
+    source = read_samples([src], on_error="skip")
     check_structure(out, manifest_of(out), source, *checks)
     assert all(c.ok for c in checks), [f.message for c in checks for f in c.failures]
     # and its repack, whose manifest carries the reject
@@ -224,7 +224,7 @@ def test_verify_checks_the_rejects_file(cli, tmp_path: Path, damage: str):
         save_manifest(out, manifest)
         expected = ["listed in rejects.jsonl but appears in a row", "1 appears in no row"]
         checks = [CheckResult(n) for n in ("structure", "manifest", "input")]
-        source = read_samples([tmp_path / "x.jsonl"], "input_ids", "labels", on_error="skip")
+        source = read_samples([tmp_path / "x.jsonl"], on_error="skip")
         check_structure(out, manifest_of(out), source, *checks)
         assert [f.message for f in checks[2].failures if f.message.startswith("rejects")] == [
             "rejects.jsonl lists samples 0 that the inputs hold as valid (it should list 1)"

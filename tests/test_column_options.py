@@ -52,7 +52,8 @@ def test_a_labels_typo_is_refused_and_nothing_is_written(cli, tmp_path, fmt):
     assert r.exit_code == EXIT_USAGE
     line = one_error_line(r)
     assert "--labels-column 'label' is not in" in line and data.name in line
-    assert "(it has: input_ids, labels); did you mean 'labels'?" in line
+    seen = "no line has it; line 1 has" if fmt.startswith("jsonl") else "it has"
+    assert f"({seen}: input_ids, labels); did you mean 'labels'?" in line
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == [data.name]
 
@@ -93,6 +94,25 @@ def test_the_default_labels_column_stays_optional(cli, tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def test_a_jsonl_file_lacks_a_column_only_when_no_line_has_it(cli, tmp_path):
+    """A first line without the key is a bad sample (skippable), not a missing column."""
+    samples = make_samples(10, seed=5)
+    del samples[0]["labels"]
+    samples[1] = {"tokens": [1, 2]}
+    data = write_jsonl(tmp_path / "a.jsonl", samples)
+    flags = ("--labels-column", "labels", "--on-error", "skip", "--json")
+    r = cli("pack", data, "-o", tmp_path / "out", *PACK, *flags)
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["rejected_by_reason"] == {"missing_labels": 1, "missing_input_ids": 1}
+    r = cli("pack", data, "-o", tmp_path / "o2", *PACK, "--labels-column", "labels")
+    assert r.exit_code == EXIT_FAILURE
+    assert one_error_line(r).endswith(
+        "a.jsonl: line 1: no 'labels' in this sample (a labels column that is named must be in "
+        "every one)"
+    )
+
+
 def test_a_named_labels_column_is_needed_on_every_jsonl_line(cli, tmp_path):
     samples = make_samples(10, seed=4)
     del samples[6]["labels"]
@@ -100,7 +120,7 @@ def test_a_named_labels_column_is_needed_on_every_jsonl_line(cli, tmp_path):
     r = cli("pack", data, "-o", tmp_path / "out", *PACK, "--labels-column", "labels")
     assert r.exit_code == EXIT_FAILURE
     line = one_error_line(r)
-    assert f"{data}: line 7: no 'labels' in this sample (--labels-column names it" in line
+    assert f"{data}: line 7: no 'labels' in this sample (a labels column that is named" in line
     assert not (tmp_path / "out").exists()
     r = cli(
         "pack", data, "-o", tmp_path / "out", *PACK, "--labels-column", "labels",
@@ -131,7 +151,7 @@ def test_pair_columns_are_checked(cli, tmp_path):
     r = cli("pack", data, "-o", tmp_path / "out", "-L", "64", "--pairs")
     assert r.exit_code == EXIT_USAGE
     line = one_error_line(r)
-    assert "line 1 has no 'prompt_input_ids' column" in line
+    assert "p.jsonl has no 'prompt_input_ids' column (no line has it; line 1 has: " in line
     assert "did you mean 'prompt_ids'?" in line
     r = cli(
         "pack", data, "-o", tmp_path / "out", "-L", "64", "--pairs",
@@ -173,7 +193,7 @@ def test_raw_chats_point_to_the_tokenize_recipe(cli, tmp_path):
     r = cli("pack", data, "-o", tmp_path / "out", "-L", "64")
     assert r.exit_code == EXIT_USAGE
     line = one_error_line(r)
-    assert "has no 'input_ids' column (it has: messages)" in line
+    assert "chats.jsonl has no 'input_ids' column (no line has it; line 1 has: messages)" in line
     assert "docs/tokenize.md" in line and "scripts/tokenize_chats.py" in line
 
 
@@ -304,3 +324,19 @@ def test_pack_dataset_refuses_column_options_it_would_ignore():
     packed = packer.pack_dataset(rows, 8, input_column="ids", labels_column="lab")
     assert packed.column("labels").to_pylist() == [[-100, 2]]
     assert packer.pack_dataset([[1, 2], [3]], 8, labels=[[1, 2], [3]]).num_rows == 1
+
+
+def test_ray_and_local_blocks_name_a_line_without_the_named_labels_alike(cli, cluster, tmp_path):
+    pytest.importorskip("ray")
+    d = tmp_path / "in"
+    d.mkdir()
+    samples = make_samples(300, seed=6, median=50)
+    del samples[250]["labels"]  # line 251, in a later block
+    write_jsonl(d / "a.jsonl", samples)
+    args = ("pack", d, *PACK, "--labels-column", "labels", "--block-size", "24KiB")
+    local = cli(*args, "-o", tmp_path / "local")
+    on_ray = cli(*args, "-o", tmp_path / "ray", "--engine", "ray", "--ray-address", cluster)
+    assert local.exit_code == on_ray.exit_code == EXIT_FAILURE
+    assert "a.jsonl: line 251: no 'labels' in this sample" in one_error_line(on_ray)
+    assert on_ray.stderr == local.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

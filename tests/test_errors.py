@@ -153,7 +153,10 @@ def _cases():
             lambda d: [jsonl_lines(d / "a.jsonl", ['{"tokens": [1]}'] * 3)],
             [],
             2,
-            ["a.jsonl line 1 has no 'input_ids' column (it has: tokens)", "--input-column"],
+            [
+                "a.jsonl has no 'input_ids' column (no line has it; line 1 has: tokens)",
+                "--input-column",
+            ],
         ),
         "ids-column-missing-parquet": (
             lambda d: [parquet_of(d / "a.parquet", {"tokens": pa.array([[1, 2]], ids)})],

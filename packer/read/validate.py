@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from packer.arguments import missing_column, named
 from packer.contract.names import IGNORE_INDEX
-from packer.errors import InputError, option
+from packer.errors import InputError
 from packer.read.flatten import fast_flatten
 from packer.read.formats import RawTable
 from packer.read.reasons import INT32_MAX, REASON_CODE, REASONS
@@ -119,7 +119,8 @@ class _Checked:
         if code == "empty":
             return f"empty sample: '{name}' is []"
         if code == "missing_labels" and named(lab):
-            return f"no '{lab}' in this sample ({option('labels_column')} names it: every sample needs it)"
+            # worded alike on every engine (a Ray task does not know the CLI's flag names)
+            return f"no '{lab}' in this sample (a labels column that is named must be in every one)"
         if code == "missing_labels":
             return f"no '{lab}' in this sample, though other samples have them"
         if code == "labels_length":
