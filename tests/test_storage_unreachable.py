@@ -144,3 +144,43 @@ def test_a_hub_tokenizer_without_network_fails_fast(closed_port, tmp_path):
     )
     assert not (tmp_path / "t.jsonl").exists()
     assert seconds < 40, seconds  # the client's own retries took 72 s
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_a_stalled_s3_request_exits_at_once(signum, code, s3, tmp_path):
+    pytest.importorskip("moto")
+    from s3_proxy import Proxy, Rule
+
+    s3.client.put_object(Bucket=s3.bucket, Key="x.jsonl", Body=b'{"input_ids": [1, 2]}\n' * 50)
+    proxy = Proxy(s3.endpoint)
+    proxy.rules.append(Rule("slow", method="GET", contains="x.jsonl", seconds=40))
+    stage = tmp_path / "stage"
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "packer", "pack", s3.url("x.jsonl")]
+            + ["-o", str(tmp_path / "out"), "-L", "64"],
+            env={
+                **os.environ,
+                "PYTHONPATH": str(ROOT),
+                "AWS_ENDPOINT_URL": proxy.endpoint,
+                "PACKER_STAGE_DIR": str(stage),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not any(m == "GET" and "x.jsonl" in p for m, p in proxy.requests):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.5)  # inside the request the proxy holds for 40 s
+        t = time.monotonic()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=60)
+        seconds = time.monotonic() - t
+    finally:
+        proxy.close()
+    word = "terminated" if code == 143 else "interrupted"
+    assert (proc.returncode, err) == (code, f"error: {word}; no partial output was left\n")
+    assert seconds < 5, seconds  # pyarrow's S3 finalizer would wait for the request (40 s)
+    assert list(stage.iterdir()) == [] and not (tmp_path / "out").exists()

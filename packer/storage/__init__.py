@@ -2,8 +2,9 @@
 
 A base layer (it imports `packer.errors` only): URLs (`urls`), the options given by hand
 (`options`), one `Store` per bucket or file system, pyarrow's native S3 and GCS where pyarrow
-has them and fsspec for the rest (`stores`), one-line errors and retries (`failures`), and the
-names that staged local copies stand for (`names`). The commit of an output on a store and the
+has them (`gcs`: its retries bounded) and fsspec for the rest (`stores`), one-line errors and
+retries (`failures`), local files that several processes share (`local`), and the names that
+staged local copies stand for (`names`). The commit of an output on a store and the
 staging of inputs live in the layers that know what an output is (`packer.write.remote`,
 `packer.read.remote`, `packer.contract.remote`).
 """

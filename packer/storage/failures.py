@@ -7,13 +7,25 @@ unreachable endpoint. No message carries a credential: only the URL (`redact`) a
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from packer.errors import InputError, OutputError, PackerError, UsageError
+from packer.errors import (
+    EXIT_TERMINATED,
+    InputError,
+    OutputError,
+    PackerError,
+    Terminated,
+    UsageError,
+    option,
+)
 
 T = TypeVar("T")
 
@@ -145,17 +157,45 @@ def interruptible(fn: Callable[[], T]) -> T:
     if threading.current_thread() is not threading.main_thread():
         return fn()
     box: dict = {}
+    finished = threading.Event()  # not `Thread.is_alive`: a join cut by a signal marks it stopped
 
     def run() -> None:
         try:
             box["value"] = fn()
         except BaseException as exc:  # noqa: BLE001 (handed to the waiting thread)
             box["error"] = exc
+        finally:
+            finished.set()
 
-    helper = threading.Thread(target=run, name="packer-store-call", daemon=True)
-    helper.start()
-    while helper.is_alive():
-        helper.join(0.1)
+    threading.Thread(target=run, name="packer-store-call", daemon=True).start()
+    try:
+        while not finished.wait(0.1):
+            pass
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM as `Terminated`
+        if option("cli", "--cli") == "--cli":  # under packer's CLI, which exits 130/143 now
+            _abandoned.append((finished, EXIT_TERMINATED if isinstance(exc, Terminated) else 130))
+        raise
     if "error" in box:
         raise box.pop("error")
     return box["value"]
+
+
+_abandoned: list[tuple[threading.Event, int]] = []  # store calls left running by a signal
+
+
+def _exit_now_if_abandoned() -> None:
+    """At the CLI's exit, after a signal left a store call running: leave without waiting for
+    it (a library caller's process exits as Python decides).
+
+    pyarrow's S3 finalizer (an exit handler registered before this one, so run after it) waits
+    for every request in flight, which keeps an interrupted process alive until a stalled
+    request times out (up to a minute). The process has said its line and cleaned up by now
+    (later-registered exit handlers, such as the staging directory's removal, ran first)."""
+    if any(not finished.is_set() for finished, _ in _abandoned):
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(_abandoned[0][1])
+
+
+atexit.register(_exit_now_if_abandoned)

@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 
 from packer.errors import InputError, UsageError
 from packer.storage.failures import one_line, retrying
+from packer.storage.gcs import gcs_file_system
 from packer.storage.local import place_once, private_name
 from packer.storage.options import ENV_PREFIXES as _ENV_PREFIXES
 from packer.storage.options import storage_options
@@ -292,38 +293,6 @@ class S3Store(Store):
                     continue
 
 
-def retry_seconds() -> int:
-    """How long GCS's client may retry one request (`PACKER_STORAGE_RETRY_SECONDS`, default 15):
-    its policy is a time, not a count, and without a bound it retries for 15 minutes."""
-    try:
-        return max(1, int(os.environ.get("PACKER_STORAGE_RETRY_SECONDS", "15")))
-    except ValueError:
-        return 15
-
-
-_GCS_KEYS = ("project_id", "endpoint_override", "scheme", "anonymous")
-
-
-def _gcs(options: dict[str, str]) -> Store:
-    """pyarrow's GCS, its retries bounded by `retry_seconds` (as S3's are by `attempts`)."""
-    from datetime import timedelta
-
-    fs_class = pafs.GcsFileSystem  # AttributeError: a pyarrow built without GCS
-    unknown = set(options) - set(_GCS_KEYS)
-    if unknown:
-        raise UsageError(
-            f"unknown storage option(s) for gs://: {', '.join(sorted(unknown))} (known: "
-            f"{', '.join(_GCS_KEYS)})"
-        )
-    kwargs = {k: options[k] for k in ("project_id", "endpoint_override", "scheme") if k in options}
-    fs = fs_class(
-        anonymous=options.get("anonymous") == "true",
-        retry_time_limit=timedelta(seconds=retry_seconds()),
-        **kwargs,
-    )
-    return Store(fs, "gs")
-
-
 def attempts() -> int:
     """Attempts per request (`PACKER_STORAGE_ATTEMPTS`, default 5), for the S3 clients."""
     try:
@@ -356,7 +325,7 @@ def _open(protocol: str, options: dict[str, str]) -> Store:
         return Store(pafs.LocalFileSystem(), "file")
     if protocol == "gs":
         try:
-            return _gcs(options)
+            return Store(gcs_file_system(options), "gs")
         except (ImportError, AttributeError):
             pass  # a pyarrow without GCS: fsspec's gcsfs below
     return _fsspec(protocol, options)
