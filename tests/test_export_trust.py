@@ -200,11 +200,11 @@ def test_an_output_replaced_on_object_storage_mid_copy_is_read_as_one_version(
     packer.pack([src], url, cfg)
     real_download, swapped = S3Store.download, []
 
-    def download(self, path, local, on_bytes=None):
+    def download(self, path, local, on_bytes=None, **kwargs):
         if not swapped:  # the first file is the old run's: replaced, then deleted, under us
             packer.pack([new_src], url, cfg, overwrite=True)
             swapped.append(s3.get("packed/manifest.json"))
-        return real_download(self, path, local, on_bytes)
+        return real_download(self, path, local, on_bytes, **kwargs)
 
     monkeypatch.setattr(S3Store, "download", download)
     dest = tmp_path / "mds"
