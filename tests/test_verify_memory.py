@@ -54,6 +54,19 @@ def test_what_verify_needs_grows_with_the_row_and_names_its_cause():
     assert M.gib(512 * MiB) == "512 MiB" and M.gib(3 * GiB // 2) == "1.5 GiB"
 
 
+def test_the_cp_ring_blocks_follow_the_budget():
+    from packer.verify import cp_attention as C
+
+    assert M.block_scores(4, 8 * GiB) > C.QUERY_BLOCK_SCORES  # the default budget: as before
+    small = M.block_scores(4, 64 * MiB)
+    assert small * 4 * M.SCORE_BYTES <= 16 * MiB < (small + 1) * 4 * M.SCORE_BYTES
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(96, 2, 8, generator=gen) for _ in range(3))
+    cu = [0, 32, 96]
+    whole = C.ring_attention(q, k, v, cu, 2)
+    assert float((C.ring_attention(q, k, v, cu, 2, scores=40) - whole).abs().max()) < 1e-6
+
+
 def test_blocked_attention_equals_one_call_and_holds_its_share(monkeypatch):
     from packer.verify import forwards
 

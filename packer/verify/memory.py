@@ -47,6 +47,12 @@ def block_queries(queries: int, keys_before: int, heads: int, budget: int) -> in
     return max(1, min(queries, max(MIN_QUERIES, block)))
 
 
+def block_scores(heads: int, budget: int) -> int:
+    """The most scores per head one block may hold: its share of `budget` (the CP ring's
+    partial attentions, which cut their queries by this count)."""
+    return max(1, min(budget // BLOCK_SHARE, MAX_BLOCK_BYTES) // (heads * SCORE_BYTES))
+
+
 def dense_bytes(tokens: int, heads: int) -> int:
     """The scores of one dense SDPA call over `tokens` tokens (what a call in one block holds)."""
     return heads * tokens * tokens * SCORE_BYTES
