@@ -62,7 +62,7 @@ def test_non_causal_kernel_is_caught_by_the_fp32_reference(cli, packed, monkeypa
 
     from packer.verify import backends, forwards
 
-    def make_non_causal_forward():
+    def make_non_causal_forward(budget=None):  # as make_cpu_forward(budget)
         def forward(q, k, v, cu, max_seqlen):
             doc = forwards.segment_ids(cu, q.shape[0])
             mask = doc[:, None] == doc[None, :]  # within the segment, but both directions

@@ -44,9 +44,27 @@ def test_what_verify_needs_grows_with_the_row_and_names_its_cause():
     # blocks keep the attention check linear in the row; dense scores and the model are not
     assert large.bytes < 8 * small.bytes + 1
     assert M.verify_needs(32768, 4, dense=True).bytes > 60 * large.bytes
-    model = M.verify_needs(32768, 4, model_vocab=32000)
-    assert model.what == "--model-check" and model.bytes >= M.model_check_bytes(32768, 32000)
+    model = M.verify_needs(32768, 4, model_check=True)
+    assert model.what == "--model-check" and model.bytes >= M.model_check_bytes(32768)
+    assert M.verify_needs(4096, 4, model_check=True).bytes < model.bytes / 40  # T x T mask
+    # the model's logits: a block of tokens at a time, within the share
+    for vocab in (50, 32000, 256_000):
+        block = M.logit_block(vocab, 8 * GiB)
+        assert block == M.MIN_QUERIES or block * vocab * M.LOGIT_BYTES <= M.MAX_BLOCK_BYTES
     assert M.gib(512 * MiB) == "512 MiB" and M.gib(3 * GiB // 2) == "1.5 GiB"
+
+
+def test_the_cp_ring_blocks_follow_the_budget():
+    from packer.verify import cp_attention as C
+
+    assert M.block_scores(4, 8 * GiB) > C.QUERY_BLOCK_SCORES  # the default budget: as before
+    small = M.block_scores(4, 64 * MiB)
+    assert small * 4 * M.SCORE_BYTES <= 16 * MiB < (small + 1) * 4 * M.SCORE_BYTES
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(96, 2, 8, generator=gen) for _ in range(3))
+    cu = [0, 32, 96]
+    whole = C.ring_attention(q, k, v, cu, 2)
+    assert float((C.ring_attention(q, k, v, cu, 2, scores=40) - whole).abs().max()) < 1e-6
 
 
 def test_blocked_attention_equals_one_call_and_holds_its_share(monkeypatch):
@@ -149,3 +167,26 @@ def test_a_missing_output_is_no_such_directory(tmp_path):
     res, _ = _peak_rss("verify", str(tmp_path / "dem0"))
     assert res.returncode == 2
     assert res.stderr.strip() == f"error: {tmp_path / 'dem0'}: no such directory"
+
+
+def test_the_model_check_in_logit_blocks_measures_what_one_block_does():
+    """Rows of 20-31 tokens with ids near 5000: under a 1 MiB budget the logits go 16 tokens at
+    a time, across the sample boundaries and the one-token shift of the loss."""
+    from test_verify_model import _row
+
+    from packer.verify.model_check import run_model_check
+    from packer.verify.picked_rows import RowInput
+    from packer.verify.result import CheckResult
+
+    assert M.logit_block(5100, MiB) == M.MIN_QUERIES
+    rows = [
+        RowInput("s.arrow", i, r)
+        for i, r in enumerate([_row([20, 31], 5000), _row([9, 25, 17], 5040)])
+    ]
+    whole, blocked = CheckResult("model"), CheckResult("model")
+    run_model_check(rows, 0, whole)
+    run_model_check(rows, 0, blocked, budget=MiB)
+    assert whole.ok and blocked.ok
+    for key in ("max_loss_diff", "max_logits_diff", "control_min_logits_leak"):
+        assert blocked.details[key] == pytest.approx(whole.details[key], abs=1e-6), key
+    assert blocked.details["samples"] == whole.details["samples"] == 5

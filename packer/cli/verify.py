@@ -153,8 +153,8 @@ def verify(
 ) -> None:
     """Prove that no packed sample can see or predict another. Exit 0: all checks that ran pass;
     1: a check failed (each failure names shard, row and sample); 2: usage error (also: the
-    attention check without torch; pass --no-attention; or the output was replaced twice while
-    it was checked).
+    attention check without torch; pass --no-attention; a --memory-budget below what the rows
+    need; or the output was replaced twice while it was checked).
 
     On the CPU the attention and model checks run torch on every core: OMP_NUM_THREADS=N sets
     how many (on a busy machine 1 is often fastest)."""

@@ -30,7 +30,7 @@ import numpy as np
 from packer.contract.shards import ShardArrays
 from packer.planning.cp import zigzag_index
 from packer.verify.attention import LEAK_FACTOR, TOLERANCE, qkv_from_tokens, reference_attention
-from packer.verify.memory import budget_bytes
+from packer.verify.memory import block_scores, budget_bytes
 from packer.verify.picked_rows import (
     RowInput,
     alone_segments,
@@ -56,14 +56,15 @@ def token_layout(cu_padded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 QUERY_BLOCK_SCORES = 1 << 22  # scores held at once per head: long rows go in query blocks
 
 
-def _partial(q, k, v, pos_q, pos_k):
+def _partial(q, k, v, pos_q, pos_k, scores: int | None = None):
     """Causal softmax attention of one sample's queries over its keys at positions <= their
     own: (out (Tq, H, D), lse (Tq, H)). A query allowed no key gets out 0 and lse -inf, which
     the merge ignores."""
     import torch
 
     outs, lses = [], []
-    block = max(1, QUERY_BLOCK_SCORES // max(1, k.shape[0]))
+    limit = QUERY_BLOCK_SCORES if scores is None else min(scores, QUERY_BLOCK_SCORES)
+    block = max(1, limit // max(1, k.shape[0]))
     for s in range(0, q.shape[0], block):
         allowed = pos_k[None, :] <= pos_q[s : s + block, None]
         scores = torch.einsum("qhd,khd->hqk", q[s : s + block], k) * q.shape[-1] ** -0.5
@@ -95,13 +96,15 @@ def ring_attention(
     cp_size: int,
     second_chunk: Callable[[int], int] | None = None,
     kv_perm: dict[int, np.ndarray] | None = None,
+    scores: int | None = None,
 ):
     """Causal attention of a row (q, k, v of shape (T, H, D)) computed as `cp_size` ring ranks
     would, returned in row order. Like a varlen CP kernel, every rank holds each sample's slots
     at `cu_padded // cp_size` (ring-flash-attn's local cu_seqlens) and masks by the positions
     the zigzag layout gives them. The negative controls plant their faults with
     `second_chunk(rank)` (the second chunk a rank really holds, the kernel still assuming
-    zigzag) and `kv_perm` (rank -> a permutation of the local key/value slots it sends)."""
+    zigzag) and `kv_perm` (rank -> a permutation of the local key/value slots it sends).
+    `scores`: the most scores per head one partial attention holds (QUERY_BLOCK_SCORES at most)."""
     import torch
 
     _, pos = token_layout(cu_padded)
@@ -124,7 +127,7 @@ def ring_attention(
             for a, b in zip(local_cu, local_cu[1:]):  # sample by sample, as varlen kernels go
                 if b == a:
                     continue
-                part = _partial(q_r[a:b], k_b[a:b], v_b[a:b], pos_q[a:b], pos_k[a:b])
+                part = _partial(q_r[a:b], k_b[a:b], v_b[a:b], pos_q[a:b], pos_k[a:b], scores)
                 acc[a:b], lse[a:b] = _merge(acc[a:b], lse[a:b], *part)
         out[held[r]] = acc
     return out
@@ -211,7 +214,7 @@ class _Run:
     cp_size: int
     seed: int
     result: CheckResult
-    budget: int | None = None  # for the samples run alone (`reference_attention`)
+    budget: int | None = None  # for the ring's blocks and the samples run alone
     rows: int = 0
     samples: int = 0
     tokens: int = 0
@@ -234,7 +237,8 @@ class _Run:
                     reference_attention(q[a : a + n], k[a : a + n], v[a : a + n], self.budget),
                 )
             )
-        out = ring_attention(q, k, v, row.cu_padded, self.cp_size)
+        scores = block_scores(q.shape[1], budget_bytes(self.budget))
+        out = ring_attention(q, k, v, row.cu_padded, self.cp_size, scores=scores)
         if row.item is not None:
             self.rows, self.tokens = self.rows + 1, self.tokens + len(row.ids)
             for (j, a, b, _), diff in zip(alone, _diffs(out, alone)):
@@ -246,7 +250,7 @@ class _Run:
             fault = plant(row, self.cp_size, k)
             if fault is None:
                 continue
-            faulty = ring_attention(q, k, v, row.cu_padded, self.cp_size, **fault)
+            faulty = ring_attention(q, k, v, row.cu_padded, self.cp_size, **fault, scores=scores)
             diff = max(_diffs(faulty, alone))
             self.controls[name].rows += 1
             self.controls[name].diffs.append(diff)
@@ -298,7 +302,7 @@ def run_cp_attention(
 ) -> None:
     """Simulate `cp_size` ranks over `count` rows that split for it (picked with `seed`, as the
     attention check picks), and the negative controls; fill `result`. `budget`: what the
-    samples run alone may hold (the ring's blocks hold QUERY_BLOCK_SCORES at most)."""
+    ring's partial attentions and the samples run alone may hold."""
     import torch
 
     t0 = time.perf_counter()

@@ -4,7 +4,7 @@ Dense attention over a row of n tokens holds heads x n x n scores: 16 GiB in fp3
 32k tokens, before softmax copies them. The CPU attention therefore runs in query blocks whose
 scores fit a share of the budget (`block_queries`); a row that fits runs in one call, as before.
 What blocks cannot cut (the row's q/k/v and outputs with one smallest block, the tiny model's
-dense forward for `--model-check`, FlexAttention's dense scores on the CPU) is estimated before
+T x T mask for `--model-check`, FlexAttention's dense scores on the CPU) is estimated before
 any work (`verify_needs`), and a budget below it is refused in one line. Pure functions of
 sizes: no torch here.
 """
@@ -28,11 +28,12 @@ TOKEN_BYTES = 16 << 10
 MIN_QUERIES = 16  # the smallest block: fewer queries per call only cost time
 BLOCK_SHARE = 4  # one block takes at most this fraction of the budget...
 MAX_BLOCK_BYTES = 512 << 20  # ...and at most this: larger blocks run no faster
-# --model-check: the tiny model's fp32 logits (packed, plain causal, their log-softmax: about
-# 3.5 copies of tokens x vocab, measured at 4k and 8k tokens) and, per token pair, its masks
-# (three bool masks built, and the one SDPA takes) that transformers passes whole.
-LOGIT_COPIES = 4
+# --model-check: per token pair, the tiny model's mask (one bool T x T mask at a time, and the
+# float copy SDPA makes of it); its SDPA runs torch's fused kernel, which holds no scores.
 MASK_BYTES = 8
+# Its logits are taken a block of tokens at a time: per token of a block, the fp32 logits of the
+# packed, alone and plain causal runs and their differences and log-softmax (6 x vocab x 4).
+LOGIT_BYTES = 24
 
 
 def block_queries(queries: int, keys_before: int, heads: int, budget: int) -> int:
@@ -46,15 +47,27 @@ def block_queries(queries: int, keys_before: int, heads: int, budget: int) -> in
     return max(1, min(queries, max(MIN_QUERIES, block)))
 
 
+def block_scores(heads: int, budget: int) -> int:
+    """The most scores per head one block may hold: its share of `budget` (the CP ring's
+    partial attentions, which cut their queries by this count)."""
+    return max(1, min(budget // BLOCK_SHARE, MAX_BLOCK_BYTES) // (heads * SCORE_BYTES))
+
+
 def dense_bytes(tokens: int, heads: int) -> int:
     """The scores of one dense SDPA call over `tokens` tokens (what a call in one block holds)."""
     return heads * tokens * tokens * SCORE_BYTES
 
 
-def model_check_bytes(tokens: int, vocab: int) -> int:
-    """The tiny model's dense forward over a row (`--model-check`): its masks and logits (its
-    SDPA runs torch's fused kernel, which holds no scores)."""
-    return tokens * tokens * MASK_BYTES + tokens * vocab * 4 * LOGIT_COPIES
+def model_check_bytes(tokens: int) -> int:
+    """The tiny model's forward over a row (`--model-check`): its T x T mask, what blocks of
+    logits cannot cut."""
+    return tokens * tokens * MASK_BYTES
+
+
+def logit_block(vocab: int, budget: int) -> int:
+    """Tokens whose logits the model check holds at once: the block's share of `budget`."""
+    room = min(budget // BLOCK_SHARE, MAX_BLOCK_BYTES)
+    return max(MIN_QUERIES, room // (vocab * LOGIT_BYTES))
 
 
 @dataclass(frozen=True)
@@ -66,30 +79,27 @@ class Need:
 
 
 def verify_needs(
-    tokens: int, heads: int, *, dense: bool = False, model_vocab: int | None = None
+    tokens: int, heads: int, *, dense: bool = False, model_check: bool = False
 ) -> Need:
     """The least memory verify needs for rows of `tokens` tokens: the row's tensors and one
     smallest block; every score at once when the backend cannot run in blocks (`dense`);
-    plus the tiny model's dense forward when `model_vocab` is given (`--model-check`)."""
+    the tiny model's mask with `model_check` (its logits go in blocks of the budget's share)."""
     base = tokens * TOKEN_BYTES
     if dense:
         need = Need(base + dense_bytes(tokens, heads), "--backend flex on the CPU")
     else:
         need = Need(base + heads * MIN_QUERIES * tokens * SCORE_BYTES, "the attention check")
-    if model_vocab is not None:
-        model = Need(base + model_check_bytes(tokens, model_vocab), "--model-check")
+    if model_check:
+        model = Need(base + model_check_bytes(tokens), "--model-check")
         need = max(need, model, key=lambda n: n.bytes)
     return need
 
 
 def check_budget(tokens: int, backend, model_check: bool, budget: int) -> None:
     """Refuse, before any work, a `budget` below what rows of `tokens` tokens need at least
-    (`verify_needs`; the model's logits are counted once its rows are known, `model_check_bytes`),
-    in one line that names what needs it and the option that lowers it."""
+    (`verify_needs`), in one line that names what needs it and the option that lowers it."""
     dense = backend.name == "flex" and backend.device == "cpu"
-    need = verify_needs(
-        tokens, ATTENTION_HEADS, dense=dense, model_vocab=0 if model_check else None
-    )
+    need = verify_needs(tokens, ATTENTION_HEADS, dense=dense, model_check=model_check)
     if need.bytes > budget:
         refuse(need, tokens, budget)
 

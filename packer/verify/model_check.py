@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from packer.verify.memory import ATTENTION_HEADS, budget_bytes, refuse, verify_needs
+from packer.verify.memory import (
+    ATTENTION_HEADS,
+    budget_bytes,
+    logit_block,
+    refuse,
+    verify_needs,
+)
 from packer.verify.picked_rows import RowInput, alone_segments, sample_failure, sample_label
 from packer.verify.result import CheckResult
 
@@ -31,18 +37,14 @@ LOGITS_TOLERANCE = 1e-4
 LEAK_FACTOR = 10.0
 
 
-def _token_losses(logits, labels):
-    """Loss of predicting labels[t] from logits[t - 1], 0 where labels[t] is -100; index 0 is 0."""
-    import torch
+def _loss(logits, targets) -> float:
+    """Summed next-token loss of `targets` given `logits` (one row each), -100 ignored."""
     import torch.nn.functional as F
 
-    out = torch.zeros(labels.shape[0], dtype=torch.float64)
-    if labels.shape[0] > 1:
-        ce = F.cross_entropy(
-            logits[:-1].float(), labels[1:].long(), ignore_index=-100, reduction="none"
-        )
-        out[1:] = ce.double()
-    return out
+    if not targets.numel():
+        return 0.0
+    ce = F.cross_entropy(logits.float(), targets.long(), ignore_index=-100, reduction="none")
+    return float(ce.double().sum())
 
 
 def _as_long(values):
@@ -57,19 +59,21 @@ class _ModelRun:
 
     model: object
     result: CheckResult
+    block: int = 1 << 30  # tokens whose logits are held at once (`memory.logit_block`)
     loss_max: float = 0.0
     logits_max: float = 0.0
     leaks: list[float] = field(default_factory=list)
     samples: int = 0
 
-    def logits(self, ids, positions, mask=None):
-        """One forward as a training step makes it: no cache, so nothing carries over."""
-        model = self.model
-        return model(ids, position_ids=positions, attention_mask=mask, use_cache=False).logits[0]
+    def hidden(self, ids, positions, mask=None):
+        """One forward as a training step makes it (no cache, so nothing carries over), up to
+        the last hidden states: the logits are taken a block of tokens at a time."""
+        out = self.model.model(ids, position_ids=positions, attention_mask=mask, use_cache=False)
+        return out.last_hidden_state[0]
 
     def row(self, item: RowInput) -> None:
         """The row under its block-diagonal causal mask and under a plain causal one (the
-        control), then each of its samples alone."""
+        control; one T x T mask held at a time), then each of its samples alone."""
         import torch
 
         row = item.data
@@ -77,31 +81,39 @@ class _ModelRun:
         pos, cu = _as_long(row["position_ids"])[None], _as_long(row["cu_seqlens"])
         n = ids.shape[1]
         doc = torch.searchsorted(cu[1:].contiguous(), torch.arange(n), right=True)
-        causal = torch.ones(n, n, dtype=torch.bool).tril()
-        block = (doc[:, None] == doc[None, :]) & causal
-        packed = self.logits(ids, pos, block[None, None])
-        leaky = self.logits(ids, pos, causal[None, None])
-        packed_loss = _token_losses(packed, labels)
+        packed = self.hidden(ids, pos, (doc[:, None] == doc[None, :]).tril_()[None, None])
+        leaky = self.hidden(ids, pos, torch.ones(n, n, dtype=torch.bool).tril_()[None, None])
         for j, (a, b) in enumerate(alone_segments(row["position_ids"])):
-            self.sample(item, j, (a, b), ids, labels, (packed, packed_loss, leaky))
+            self.sample(item, j, (a, b), ids, labels, (packed, leaky))
 
     def sample(self, item: RowInput, j: int, span: tuple[int, int], ids, labels, runs) -> None:
         """Sample j of the row (tokens a..b-1) alone vs packed: its targets, mean loss and
         logits; and, after the row's first sample, that the plain causal run differs."""
         import torch
 
-        (a, b), (packed, packed_loss, leaky) = span, runs
+        (a, b), (packed, leaky) = span, runs
         result = self.result
         self.samples += 1
-        alone = self.logits(ids[:, a:b], torch.arange(b - a)[None])
-        alone_loss = _token_losses(alone, labels[a:b])
+        alone = self.hidden(ids[:, a:b], torch.arange(b - a)[None])
         n_packed = int((labels[a:b] != -100).sum())
         n_alone = int((labels[a + 1 : b] != -100).sum())
+        # the packed row also trains the target at the sample's first token (from the token
+        # before it), which must be -100; alone it has no such target
+        loss_packed = _loss(self.model.lm_head(packed[a - 1 : a]), labels[a : a + 1]) if a else 0.0
+        loss_alone, d_logits, leak = 0.0, 0.0, 0.0
+        for t in range(a, b, self.block):
+            e = min(b, t + self.block)
+            lp, la = self.model.lm_head(packed[t:e]), self.model.lm_head(alone[t - a : e - a])
+            d_logits = max(d_logits, float((lp - la).abs().max()))
+            if j > 0:
+                leak = max(leak, float((self.model.lm_head(leaky[t:e]) - la).abs().max()))
+            last = min(e, b - 1)  # tokens t..last-1 predict labels t+1..last
+            loss_packed += _loss(lp[: last - t], labels[t + 1 : last + 1])
+            loss_alone += _loss(la[: last - t], labels[t + 1 : last + 1])
         # the mean over the sample's targets, as a trainer normalizes it
-        mean_packed = float(packed_loss[a:b].sum()) / max(n_packed, 1)
-        mean_alone = float(alone_loss.sum()) / max(n_alone, 1)
+        mean_packed = loss_packed / max(n_packed, 1)
+        mean_alone = loss_alone / max(n_alone, 1)
         d_loss = abs(mean_packed - mean_alone)
-        d_logits = float((packed[a:b] - alone).abs().max())
         self.loss_max, self.logits_max = max(self.loss_max, d_loss), max(self.logits_max, d_logits)
         label = sample_label(item.shard, item.row, item.data, a, b, j)
         if n_packed != n_alone:
@@ -125,7 +137,6 @@ class _ModelRun:
                 )
             )
         if j > 0:
-            leak = float((leaky[a:b] - alone).abs().max())
             self.leaks.append(leak)
             if leak <= LEAK_FACTOR * LOGITS_TOLERANCE:
                 result.fail(
@@ -160,11 +171,12 @@ def run_model_check(
         max(int(np.max(r.data["input_ids"])), int(np.max(r.data["labels"]))) for r in rows
     )
     longest = max(len(r.data["input_ids"]) for r in rows)
-    need = verify_needs(longest, ATTENTION_HEADS, model_vocab=vocab)
-    if need.bytes > budget_bytes(budget):
-        refuse(need, longest, budget_bytes(budget))
+    budget = budget_bytes(budget)
+    need = verify_needs(longest, ATTENTION_HEADS, model_check=True)
+    if need.bytes > budget:
+        refuse(need, longest, budget)
     model = build_tiny_model(seed, vocab_size=vocab, max_positions=max(longest, 16))
-    run = _ModelRun(model, result)
+    run = _ModelRun(model, result, logit_block(vocab, budget))
     if on_row:
         on_row(0, len(rows))
     with torch.inference_mode():
