@@ -39,6 +39,11 @@ class _Counting:
     def tell(self) -> int:
         return self._pos
 
+    def seek(self, offset: int, whence: int = 0) -> int:
+        """Arrow seeks to learn the size before a whole read(); only reads are counted."""
+        self._pos = self._file.seek(offset, whence)
+        return self._pos
+
     def readable(self) -> bool:
         return True
 
