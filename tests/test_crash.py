@@ -212,7 +212,7 @@ def test_interrupt_stops_cleanly(big_input, tmp_path, signum, code, point):
     assert proc.returncode == code, stderr
     assert stderr.strip().startswith("error: ") and "Traceback" not in stderr
     assert len(stderr.strip().splitlines()) == 1
-    assert stdout == ""
+    assert json.loads(stdout) == {"error": stderr.strip()[len("error: ") :], "exit_code": code}
     assert not out.exists()
     assert temp_dirs(tmp_path) == []
 
