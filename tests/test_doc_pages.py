@@ -31,7 +31,7 @@ NEEDS = re.compile(r"^\s*(?:\$ )?# (needs .+)$")
 EXITS = re.compile(r"^(.*?)\s+# exits (\d+)\b.*$")
 COPIED = ("data", "configs", "scripts")
 # pages whose run takes minutes on 2 cores (attention checks on CPU, training loops): `slow`
-SLOW_PAGES = {"README.md", "docs/cli.md", "docs/training.md"}
+SLOW_PAGES = {"README.md", "docs/cli.md", "docs/pairs.md", "docs/training.md"}
 
 
 def runnable(block: Block) -> bool:
