@@ -30,8 +30,8 @@ SHELL = ("bash", "console")
 NEEDS = re.compile(r"^\s*(?:\$ )?# (needs .+)$")
 EXITS = re.compile(r"^(.*?)\s+# exits (\d+)\b.*$")
 COPIED = ("data", "configs", "scripts")
-# seconds a page may take on 2 busy cores before its run is marked slow
-SLOW_PAGES = {"docs/training.md", "docs/verify.md"}
+# pages whose run takes minutes on 2 cores (attention checks on CPU, training loops): `slow`
+SLOW_PAGES = {"README.md", "docs/cli.md", "docs/pairs.md", "docs/training.md"}
 
 
 def runnable(block: Block) -> bool:

@@ -370,7 +370,7 @@ def test_pack_export_packs_then_exports(tmp_path, runner):
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     dest = tmp_path / "packed-mds"
-    assert report["export"]["dest"] == str(dest) and report["export"]["rows"] == report["rows"]
+    assert report["export"]["output"] == str(dest) and report["export"]["rows"] == report["rows"]
     assert (dest / "index.json").is_file() and (dest / EXPORT_MANIFEST).is_file()
     alone = tmp_path / "alone"
     export(out, "mds", alone)

@@ -24,7 +24,7 @@ def test_plan_json_compares_every_strategy(cli, tmp_path):
     for s in report["strategies"]:
         assert s["rows"] == plan(lengths, 512, s["strategy"]).num_rows
         assert s["optimal"] == (s["rows"] == report["bounds"]["best"])
-        assert s["rows_over_bound"] >= 1
+        assert s["rows_over_lower_bound"] >= 1
     assert sum(report["histogram"]["counts"]) == 300
 
 

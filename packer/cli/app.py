@@ -224,8 +224,7 @@ EXAMPLES = {
         "packer plan data/sample.jsonl.gz -L 4096 --overlength split --strategy bfd --world-size 8",
     ],
     "verify": [
-        "packer verify out/packed",
-        "packer verify out/packed -i data/sample.jsonl.gz --rows 4",
+        "packer verify out/packed -i data/sample.jsonl.gz --rows 2",
         "packer verify out/packed --no-attention",
     ],
     "export": [

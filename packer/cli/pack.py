@@ -310,7 +310,7 @@ def pack(
             if export_to is not None:
                 done = report["export"]
                 stderr.print(
-                    f"exported as {export_to} to {done['dest']} in {done['seconds']:.2f} s",
+                    f"exported as {export_to} to {done['output']} in {done['seconds']:.2f} s",
                     highlight=False,
                     markup=False,
                     soft_wrap=True,

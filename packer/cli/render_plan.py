@@ -68,7 +68,7 @@ def strategy_table(report: dict) -> Table:
     headers.append("seconds")
     rows = []
     for s in report["strategies"]:
-        ratio = f"{s['rows_over_bound']:.5f}" + (" optimal" if s["optimal"] else "")
+        ratio = f"{s['rows_over_lower_bound']:.5f}" + (" optimal" if s["optimal"] else "")
         cells = [s["strategy"], f"{s['rows']:,}", f"{100 * s['efficiency']:.3f} %", ratio]
         if cp:
             cells.insert(3, f"{100 * s['efficiency_padded']:.3f} %")

@@ -63,7 +63,7 @@ class ExportResult:
 
     def to_dict(self) -> dict:
         return {
-            "dest": str(self.dest),
+            "output": str(self.dest),  # the --output directory, as pack names its own
             "format": self.format,
             "rows": self.rows,
             "samples": self.samples,

@@ -75,7 +75,7 @@ def compare_strategies(
             "strategy": name,
             "rows": rows,
             "efficiency": round(real_tokens / (rows * max_len), 6) if rows else 1.0,
-            "rows_over_bound": round(rows / best, 6) if best else 1.0,
+            "rows_over_lower_bound": round(rows / best, 6) if best else 1.0,  # bounds.best
             "optimal": rows == best,
             "seconds": round(seconds, 4),
         }
