@@ -6,9 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_VENV := .venv-demo
-# torch's CPU wheel (no CUDA libraries): the test suite and the docs' examples run on a CPU
+# torch 2.13.0, CPU build: the test suite and the docs' examples run on a CPU. Where pip's own
+# indexes would give torch's CUDA build (PyPI on Linux does), name PyTorch's CPU index:
+#   make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_PIN := torch==2.13.0
-TORCH_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(DEMO_VENV)/.installed
 
@@ -17,7 +19,7 @@ DEMO_STAMP := $(DEMO_VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --index-url $(TORCH_INDEX) "$(TORCH_PIN)"
+	$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_PIN)"
 	$(BIN)/pip uninstall -q -y packer 2>/dev/null || true  # the distribution's name before packer-llm
 	$(BIN)/pip install -q -e ".[dev]" "$(TORCH_PIN)"
 	touch $(STAMP)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 
 import numpy as np
 
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     lines = (json.dumps(p, separators=(",", ":")) + "\n" for p in make_pairs(args.pairs, args.seed))
+    os.makedirs(os.path.dirname(args.output) or ".", exist_ok=True)
     if args.output.endswith(".gz"):
         with (
             open(args.output, "wb") as raw,

@@ -331,8 +331,9 @@ def output_path(path: Path, overwrite: bool) -> Path:
         raise Failure(f"--output {path}: name must end in {', '.join(OUTPUT_SUFFIXES)}", EXIT_USAGE)
     if path.exists() and not overwrite:
         raise Failure(f"--output {path}: exists; pass --overwrite to replace it", EXIT_USAGE)
-    if not path.parent.is_dir():
-        raise Failure(f"--output {path}: no directory {path.parent}", EXIT_USAGE)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise Failure(f"--output {path}: {path.parent} is not a directory", EXIT_USAGE)
+    path.parent.mkdir(parents=True, exist_ok=True)  # as packer pack -o makes its parents
     return path
 
 
