@@ -386,15 +386,14 @@ def test_doc_commands_run_as_written(toks, cli, tmp_path):
             f"docs/tokenize.md: `{command}` exited {res.returncode}: {res.stderr}"
         )
         if command.startswith("python"):
-            example = next(b for b in doc_blocks("text") if b.startswith("train.jsonl:"))
+            example = next(b for b in doc_blocks("text") if b.startswith("out/train.jsonl:"))
             pattern = re.escape(example.strip()).replace("train\\.jsonl", r"train\.\w+")
             assert re.fullmatch(re.sub(r"\d+", r"\\d+", pattern), res.stderr.strip())
 
-    assert pq.read_table(tmp_path / "train.parquet").to_pylist() == read_jsonl(
-        tmp_path / "train.jsonl"
-    )
+    out = tmp_path / "out"
+    assert pq.read_table(out / "train.parquet").to_pylist() == read_jsonl(out / "train.jsonl")
     inspect = cli(
-        "inspect", tmp_path / "packed", "--row", 0, "--tokenizer", tmp_path / "tokenizer", "--json"
+        "inspect", out / "chats", "--row", 0, "--tokenizer", tmp_path / "tokenizer", "--json"
     )
     chat = next(
         s
