@@ -115,6 +115,21 @@ def _interrupt_once(signum, frame):
     raise _interrupt_for(signum)
 
 
+def _unraisable_hook(unraisable) -> None:
+    """An interrupt raised where Python prints an exception and drops it (a weakref callback of
+    the import system, a ctypes callback of numba's compiler, a `__del__`) is sent again a moment
+    later, to land where it stops the run; anything else goes to Python's own hook."""
+    exc = unraisable.exc_value
+    if isinstance(exc, KeyboardInterrupt) and _interrupted.is_set() and not _exiting.is_set():
+        _interrupted.clear()
+        signum = signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT
+        timer = threading.Timer(0.02, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
 def _interrupt_for(signum: int) -> KeyboardInterrupt:
     if signum == getattr(signal, "SIGTERM", None):
         _sigterm_seen.set()
@@ -225,16 +240,40 @@ def exiting() -> None:
     _exiting.set()
 
 
+def reported() -> bool:
+    """Whether the command line reported an interrupt (`exiting`)."""
+    return _exiting.is_set()
+
+
+def _exit_at_start(signum, frame):
+    what, code = (
+        ("terminated", 143) if signum == getattr(signal, "SIGTERM", None) else ("interrupted", 130)
+    )
+    os.write(2, f"error: {what}; no partial output was left\n".encode())
+    os._exit(code)
+
+
+def exit_while_starting() -> None:
+    """For a command line importing its modules: nothing has been made yet, so a signal ends it
+    at once with the one line (not a traceback of the import it landed in). `run` replaces this
+    with `interrupt_once_until_exit`."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in _SIGNALS:
+            if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
+                signal.signal(signum, _exit_at_start)
+
+
 def _once_handlers(sigterm_default: bool = False) -> dict:
     """Install `_interrupt_once` where Ctrl-C (or SIGTERM as `Terminated`) would raise; the
     handlers it replaced. A caller's own handler (or SIG_IGN) is left alone; SIGTERM's default
     action (death, no clean-up) is replaced too with `sigterm_default`."""
     previous = {}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _exit_at_start):
         previous[signal.SIGINT] = signal.signal(signal.SIGINT, _interrupt_once)
     if hasattr(signal, "SIGTERM"):
         current = signal.getsignal(signal.SIGTERM)
-        if current is _raise_terminated or (sigterm_default and current == signal.SIG_DFL):
+        starting = current is _exit_at_start or current == signal.SIG_DFL
+        if current is _raise_terminated or (sigterm_default and starting):
             previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _interrupt_once)
     return previous
 
@@ -274,6 +313,7 @@ def interrupt_once_until_exit() -> None:
         _late.clear()
         _outputs.clear()
         _once_handlers(sigterm_default=True)
+        sys.unraisablehook = _unraisable_hook
 
 
 def ignore_interrupts() -> None:

@@ -292,12 +292,16 @@ def run() -> None:
         exiting,
         ignore_interrupts,
         interrupt_once_until_exit,
+        reported,
         sigterm_seen,
     )
 
     interrupt_once_until_exit()  # a second Ctrl-C cannot break the clean-up or the error line
     try:
         code = app(standalone_mode=False)
+    except KeyboardInterrupt as exc:  # in typer, before the command's own handling begins
+        exiting()
+        code = interrupted(isinstance(exc, Terminated)).exit_code
     except ClickError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # plain `packer`: the help is the answer
             typer.echo(exc.format_message())
@@ -308,6 +312,11 @@ def run() -> None:
             message += f" (see '{ctx.command_path if ctx is not None else 'packer'} --help')"
         code = fail(message, exc.exit_code).exit_code
     except typer.Abort:  # an interrupt outside a command's own handling (its options' parsing)
+        exiting()
+        code = interrupted(sigterm_seen()).exit_code
+    if code == EXIT_INTERRUPTED and not reported():
+        # typer turns an interrupt outside a command's own handling (the imports a command makes
+        # before its run) into a silent exit 130, SIGTERM's too: one line, and 143 for SIGTERM
         exiting()
         code = interrupted(sigterm_seen()).exit_code
     if not code:
