@@ -289,6 +289,7 @@ def run() -> None:
         from click import ClickException as ClickError
 
     from packer.interrupts import (
+        committed_outputs,
         exiting,
         ignore_interrupts,
         interrupt_once_until_exit,
@@ -321,8 +322,10 @@ def run() -> None:
         code = interrupted(sigterm_seen()).exit_code
     if not code:
         late_note()
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
-        ignore_interrupts()  # the interpreter's exit has no Python handlers left to ignore them
+    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or committed_outputs():
+        # the interpreter's exit has no Python handlers left to ignore them: a signal there
+        # would kill a run whose output is already in place (exit -15 where 0 is the truth)
+        ignore_interrupts()
     # The command is done: the interpreter's last garbage collection would walk every object
     # that numba, pyarrow (and torch) made, 0.2 s of every `pack`, to free memory the exit
     # frees anyway. Frozen objects are left out of it; the atexit handlers still run.
