@@ -236,8 +236,12 @@ def committed_outputs() -> list[str]:
 
 
 def exiting() -> None:
-    """For a command line reporting an interrupt: later signals are ignored from now on."""
+    """For a command line reporting an interrupt: later signals are ignored from now on, by the
+    kernel too (a signal re-sent by `_unraisable_hook`, or one that lands while the interpreter
+    finalizes, where Python's handlers are gone, would otherwise kill the process after its
+    error line: exit -2 instead of 130)."""
     _exiting.set()
+    ignore_interrupts()
 
 
 def reported() -> bool:
