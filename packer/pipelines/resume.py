@@ -30,6 +30,7 @@ from packer.config import PackConfig
 from packer.contract.names import BLOCK_WORK, TMP_MARK
 from packer.errors import OutputError, UsageError, option
 from packer.storage import names
+from packer.storage.local import pid_alive
 from packer.version import __version__
 from packer.write import commit as output
 
@@ -119,7 +120,7 @@ def dead_runs(out: Path) -> list[Path]:
         if not entry.name.startswith(prefix):
             continue
         pid_text = entry.name[len(prefix) :].split("-", 1)[0]
-        if pid_text.isdigit() and not output.pid_alive(int(pid_text)):
+        if pid_text.isdigit() and not pid_alive(int(pid_text)):
             found.append(entry)
     return sorted(found, key=_mtime, reverse=True)
 

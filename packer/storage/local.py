@@ -56,11 +56,12 @@ def remove_dead_parts(directory: Path) -> None:
             if not owner.startswith(prefix):
                 continue
             pid = owner[len(prefix) :].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 entry.unlink(missing_ok=True)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id runs (one that another user owns counts as running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -22,7 +22,8 @@ from packer.interrupts import deferred_signals
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan
 from packer.read.samples import Samples
-from packer.write.commit import fsync_dir, os_reason, pid_alive
+from packer.storage.local import pid_alive
+from packer.write.commit import fsync_dir, os_reason
 from packer.write.seq_lengths import SCHEMA_WITH_LENGTHS, packed_batch
 from packer.write.shards import ShardFiles, write_shards
 

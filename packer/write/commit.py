@@ -25,6 +25,7 @@ from pathlib import Path
 from packer.contract.names import MANIFEST, OLD_MARK, TMP_MARK
 from packer.errors import OutputError, UsageError, option
 from packer.interrupts import begin_output, commit_point, deferred_signals, interrupt_once
+from packer.storage.local import pid_alive
 
 
 def check_target(output: Path, overwrite: bool) -> None:
@@ -52,16 +53,6 @@ def check_target(output: Path, overwrite: bool) -> None:
         raise UsageError("not a directory, cannot hold the output", where=str(parent))
     if not os.access(parent, os.W_OK | os.X_OK):
         raise UsageError("directory is not writable", where=str(parent))
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale(output: Path) -> None:
