@@ -97,13 +97,20 @@ def _list_parts(column: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _numpy(array: pa.Array) -> np.ndarray:
-    """A zero-copy numpy view of an integer array without nulls.
-
-    `to_numpy` goes through Arrow's pandas conversion, which imports pandas the first time: half
-    a second of a run, and a Ctrl-C that lands in that import is lost (Arrow clears the error).
-    """
+    """A numpy array of a shard column: a zero-copy view of integers without nulls."""
     if array.null_count or not pa.types.is_integer(array.type):
         return array.to_numpy(zero_copy_only=False)
+    return numpy_view(array)
+
+
+def numpy_view(array: pa.Array) -> np.ndarray:
+    """Zero-copy numpy view of an Arrow array without nulls.
+
+    Integers are viewed through their data buffer: `Array.to_numpy` goes through Arrow's
+    pandas conversion, which imports pandas (half a second) the first time.
+    """
+    if not pa.types.is_integer(array.type):
+        return array.to_numpy()
     kind = "i" if pa.types.is_signed_integer(array.type) else "u"
     dtype = np.dtype(f"{kind}{array.type.bit_width // 8}")
     if len(array) == 0:

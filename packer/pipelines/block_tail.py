@@ -17,11 +17,11 @@ import pyarrow as pa
 
 from packer import hashing
 from packer.config import PackConfig
+from packer.contract.shards import numpy_view
 from packer.pipelines.block_task import BlockResult, block_seed, listed_file
 from packer.pipelines.run_files import spill_name
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan, plan
-from packer.read.flatten import numpy_view
 from packer.read.samples import Samples, as_chunks
 from packer.write.shards import write_shards
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from packer import workers
 from packer.contract.names import IGNORE_INDEX
+from packer.contract.shards import numpy_view
 from packer.read.reasons import INT32_MAX
 
 
@@ -50,23 +51,6 @@ def copy_checked(src: np.ndarray, dst: np.ndarray, base: int, allow_ignore: bool
 
 
 _CHUNK = 1 << 22  # values per task, so one big Arrow chunk still spreads over the threads
-
-
-def numpy_view(array: pa.Array) -> np.ndarray:
-    """Zero-copy numpy view of an Arrow array without nulls.
-
-    Integers are viewed through their data buffer: `Array.to_numpy` goes through Arrow's
-    pandas conversion, which imports pandas (half a second) the first time.
-    """
-    if not pa.types.is_integer(array.type):
-        return array.to_numpy()
-    kind = "i" if pa.types.is_signed_integer(array.type) else "u"
-    dtype = np.dtype(f"{kind}{array.type.bit_width // 8}")
-    if len(array) == 0:
-        return np.zeros(0, dtype)
-    return np.frombuffer(
-        array.buffers()[1], dtype, count=len(array), offset=array.offset * dtype.itemsize
-    )
 
 
 def _plain_chunks(column: pa.ChunkedArray):
