@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from packer.errors import Terminated
 
@@ -51,9 +51,11 @@ def deferred_signals() -> Iterator[None]:
 
 
 _sigterm_seen = threading.Event()
+_signalled = threading.Event()  # a SIGINT or SIGTERM reached one of packer's handlers
 
 
 def _raise_terminated(signum, frame):
+    _signalled.set()
     if _committed.is_set():
         _late.append(signum)
         return
@@ -104,6 +106,7 @@ def _interrupt_once(signum, frame):
 
     A first interrupt that something swallowed (Arrow clears the error of an import it runs, and
     the run goes on) does not make the run unstoppable: the next signal raises again."""
+    _signalled.set()
     if _committed.is_set():
         _late.append(signum)
         return
@@ -198,11 +201,12 @@ def commit_point(where: str) -> Iterator[None]:
         yield
         done = True
     finally:
+        if done:  # before the handlers are back: a signal they run from here on is late
+            _committed.set()
+            _outputs.append(where)
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         if done:
-            _committed.set()
-            _outputs.append(where)
             _fault_pause("done")
         if received:
             _deliver(received[0], previous[received[0]])
@@ -242,6 +246,32 @@ def exiting() -> None:
     error line: exit -2 instead of 130)."""
     _exiting.set()
     ignore_interrupts()
+
+
+def signalled() -> bool:
+    """Whether a SIGINT or SIGTERM reached this command line's handlers, stopping it or not."""
+    return _signalled.is_set()
+
+
+def exit_after_signal(code: int) -> None:
+    """End a command line that a signal reached, with `code`, past the interpreter's own exit.
+
+    An interrupt raised while C code evaluates Python (`PyRun_String`: Cython modules run it as
+    they import, and pyarrow imports lazily) sets CPython's "unhandled KeyboardInterrupt" flag,
+    even when packer then handles the exception; at exit, the interpreter sees the flag and
+    kills itself by SIGINT: exit -2 after the error line, where 130 (or 0, for a signal after
+    the commit point) is the truth. The atexit handlers run and the streams are flushed as at
+    a normal exit; what is skipped is the interpreter's finalization and that check."""
+    import atexit
+
+    ignore_interrupts()
+    try:
+        atexit._run_exitfuncs()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(code)
 
 
 def reported() -> bool:
@@ -312,7 +342,7 @@ def interrupt_once_until_exit() -> None:
     `Terminated`, so that it cleans up as Ctrl-C does), and only the first one does, so that a
     second Ctrl-C cannot break the clean-up, the error line or the interpreter's exit."""
     if threading.current_thread() is threading.main_thread():
-        for state in (_interrupted, _sigterm_seen, _exiting, _committed):
+        for state in (_interrupted, _sigterm_seen, _exiting, _committed, _signalled):
             state.clear()
         _late.clear()
         _outputs.clear()

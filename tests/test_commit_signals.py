@@ -138,11 +138,6 @@ def test_signal_at_the_local_commit_point(local, tmp_path, point, stops, signum)
     check_local(code, stderr, out, old, new, signum)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open race: seen once in four full runs (a fresh clone), the exit status and the "
-    "output in place disagreed for one delay; issue 33 stays open on it",
-)
 def test_sigterm_walked_across_the_local_commit(local, tmp_path):
     """No pause: SIGTERM 0-20 ms after the run reaches its commit point, across the swap."""
     data, old_dir, old, new = local

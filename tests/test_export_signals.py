@@ -167,11 +167,6 @@ def test_sigterm_stops_an_export_with_one_line(packed, tmp_path):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.xfail(
-    strict=False,
-    reason="open race: about 1 run in 50 prints its line, then dies by SIGINT (exit -2); "
-    "issue 37 stays open on it",
-)
 def test_a_signal_stops_verify_with_one_line(packed, signum):
     """verify (its CPU attention over every row lasts long) stops on the first signal too."""
     proc, lines, _ = start("verify", packed, "--rows", "all")

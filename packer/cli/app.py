@@ -290,10 +290,12 @@ def run() -> None:
 
     from packer.interrupts import (
         committed_outputs,
+        exit_after_signal,
         exiting,
         ignore_interrupts,
         interrupt_once_until_exit,
         reported,
+        signalled,
         sigterm_seen,
     )
 
@@ -326,6 +328,8 @@ def run() -> None:
         # the interpreter's exit has no Python handlers left to ignore them: a signal there
         # would kill a run whose output is already in place (exit -15 where 0 is the truth)
         ignore_interrupts()
+    if signalled():
+        exit_after_signal(code or 0)  # not the interpreter's exit: it could end by SIGINT (-2)
     # The command is done: the interpreter's last garbage collection would walk every object
     # that numba, pyarrow (and torch) made, 0.2 s of every `pack`, to free memory the exit
     # frees anyway. Frozen objects are left out of it; the atexit handlers still run.
