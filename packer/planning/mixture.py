@@ -115,7 +115,7 @@ def closest_prefix(lengths: np.ndarray, target: Fraction) -> int:
         return 0
     sums = np.cumsum(lengths, dtype=np.int64)
     m = int(np.searchsorted(sums, math.ceil(target), side="left"))  # sums[m] >= target
-    over = sums[m] - target
+    over = int(sums[m]) - target
     under = target - (int(sums[m - 1]) if m else 0)
     return m + 1 if over <= under else m
 
@@ -156,7 +156,7 @@ def _check_weights(weights, n_sources: int) -> list[Fraction]:
             raise UsageError(f"{name}[{i}] must be a number, got {w!r}")
         if not math.isfinite(w) or w <= 0:
             raise UsageError(f"{name}[{i}] must be a finite number above 0, got {w}")
-    total = math.fsum(float(w) for w in weights)
+    total = sum(float(w) for w in weights)
     if not math.isfinite(total) or total <= 0:
         raise UsageError(f"{name} must sum to a finite number above 0, got {total}")
     return [Fraction(w) for w in weights]
