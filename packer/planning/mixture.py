@@ -96,10 +96,22 @@ def _stream(seed: int, purpose: int, source: int) -> np.random.PCG64:
     return np.random.PCG64(np.random.SeedSequence(seed, spawn_key=(purpose, source)))
 
 
+def _ranked(keys: np.ndarray, bits: int) -> np.ndarray:
+    """Positions 0..n-1 ordered by `keys` (uint64, low `bits` bits free), ties by position.
+    The position fills the low bits, so every key is distinct and sorting the keys themselves
+    (faster than a stable argsort) has one answer whatever the sort algorithm."""
+    low = np.uint64((1 << bits) - 1)
+    keys &= ~low
+    keys |= np.arange(keys.size, dtype=np.uint64)
+    keys.sort()
+    keys &= low
+    return keys.view(np.int64)
+
+
 def seeded_permutation(bits: np.random.PCG64, n: int) -> np.ndarray:
-    """A permutation of 0..n-1 from the raw stream: the order of n random 64-bit keys (ties,
-    which practically never happen, by position)."""
-    return np.argsort(bits.random_raw(n), kind="stable").astype(np.int64, copy=False)
+    """A permutation of 0..n-1 from the raw stream: n random 64-bit keys in order (their top
+    bits; ties, vanishingly rare, by position)."""
+    return _ranked(bits.random_raw(n), max(1, (n - 1).bit_length()))
 
 
 def _uniform(bits: np.random.PCG64, n: int) -> np.ndarray:
@@ -212,7 +224,8 @@ def _choose(lengths: np.ndarray, target: Fraction, seed: int, source: int) -> np
 def _interleave(chosen: list[np.ndarray], seed: int) -> np.ndarray:
     """The source of each output sample: every sample is keyed by where it falls in its own
     source's tokens (its start plus a seeded fraction of its length, over the source's tokens)
-    and all are merged by key, so each source is spread evenly by tokens."""
+    and all are merged by key, so each source is spread evenly by tokens. Keys never decrease
+    within a source, so its samples keep their order."""
     keys, owner = [], []
     for i, lengths in enumerate(chosen):
         if lengths.size == 0:
@@ -224,7 +237,10 @@ def _interleave(chosen: list[np.ndarray], seed: int) -> np.ndarray:
     if not keys:
         return np.empty(0, np.int32)
     owners = np.concatenate(owner)
-    return owners[np.argsort(np.concatenate(keys), kind="stable")]
+    bits = max(1, (owners.size - 1).bit_length())
+    fraction = np.minimum(np.concatenate(keys), np.nextafter(1.0, 0.0))  # [0, 1)
+    top = (fraction * float(1 << (64 - bits))).astype(np.uint64) << np.uint64(bits)
+    return owners[_ranked(top, bits)]
 
 
 def mix(
@@ -249,6 +265,11 @@ def mix(
     used = [a[c] for a, c in zip(sources, chosen)]
     achieved = [int(u.sum()) for u in used]
     output = sum(achieved)
+    if output == 0:  # only with `tokens`: by default the scarcest source is used whole
+        raise UsageError(
+            f"{option('tokens', '--mix-tokens')} {tokens:,} gives an empty mixture: every "
+            "source's target is closer to no sample than to one; ask for more tokens"
+        )
     whole = sum(fractions)
     mixed = []
     for i, (a, c) in enumerate(zip(sources, chosen)):
@@ -263,7 +284,7 @@ def mix(
                 tokens=achieved[i],
                 samples=int(c.size),
                 dropped=int(unused),
-                share=achieved[i] / output if output else 0.0,
+                share=achieved[i] / output,
             )
         )
     order = _read_only(_interleave(used, seed))
