@@ -255,6 +255,9 @@ def test_indices_epochs_and_drops_are_counted_right(case):
     assert np.bincount(m.source_order, minlength=len(lengths)).tolist() == [
         s.samples for s in m.sources
     ]
+    source, index = m.interleaved()
+    for i, s in enumerate(m.sources):
+        assert np.array_equal(index[source == i], s.indices)
     if tokens is None:  # by default nothing is repeated and the scarcest is used whole
         assert all(s.epochs <= 1 for s in m.sources)
         assert any(s.epochs == 1 and s.dropped == 0 for s in m.sources)
@@ -382,3 +385,14 @@ def test_a_count_holds_out_that_many_of_every_source():
     split = split_validation([np.arange(1, 100), np.array([1, 2, 3, 4])], np.int64(3), seed=2)
     assert [x.size for x in split.validation] == [3, 3]
     assert Counter(x.size for x in split.train) == Counter([96, 1])
+
+
+def test_numpy_numbers_and_narrow_lengths_plan_as_python_ones():
+    lengths = [np.array([5, 9, 2, 7], np.int32), np.array([3, 3, 4], np.uint16)]
+    ref = mix([x.astype(np.int64) for x in lengths], [2, 1], tokens=20, seed=3)
+    for weights in ([np.int64(2), np.int64(1)], np.array([2.0, 1.0], np.float32)):
+        got = mix(lengths, weights, tokens=np.int64(20), seed=np.uint8(3))
+        for x, y in zip(ref.sources, got.sources):
+            assert np.array_equal(x.indices, y.indices) and x.tokens == y.tokens
+    split = split_validation(lengths, np.float32(0.5), seed=1)
+    assert [v.size for v in split.validation] == [2, 2]

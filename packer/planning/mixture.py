@@ -153,7 +153,7 @@ def _check_lengths(lengths) -> list[np.ndarray]:
             raise InputError(
                 f"source {i}: sample {short} has length {a[short]}; every sample needs a token"
             )
-        checked.append(a.astype(np.int64, copy=False))
+        checked.append(a)
     return checked
 
 
@@ -171,7 +171,7 @@ def _check_weights(weights, n_sources: int) -> list[Fraction]:
     total = sum(float(w) for w in weights)
     if not math.isfinite(total) or total <= 0:
         raise UsageError(f"{name} must sum to a finite number above 0, got {total}")
-    return [Fraction(w) for w in weights]
+    return [Fraction(int(w) if isinstance(w, numbers.Integral) else float(w)) for w in weights]
 
 
 def _targets(
@@ -212,7 +212,7 @@ def _check_targets(
 def _choose(lengths: np.ndarray, target: Fraction, seed: int, source: int) -> np.ndarray:
     """The source's samples for `target` tokens: whole epochs, then the closest prefix of a
     seeded permutation (drawn first, so that the subset does not depend on the epochs)."""
-    total = int(lengths.sum())
+    total = int(lengths.sum(dtype=np.int64))
     epochs = math.floor(target / total)
     bits = _stream(seed, _MIX, source)
     subset = seeded_permutation(bits, lengths.size)
@@ -221,26 +221,27 @@ def _choose(lengths: np.ndarray, target: Fraction, seed: int, source: int) -> np
     return np.concatenate([*passes, subset[:take]]) if passes else subset[:take].copy()
 
 
-def _interleave(chosen: list[np.ndarray], seed: int) -> np.ndarray:
+def _interleave(sources: list[np.ndarray], chosen: list[np.ndarray], seed: int) -> np.ndarray:
     """The source of each output sample: every sample is keyed by where it falls in its own
     source's tokens (its start plus a seeded fraction of its length, over the source's tokens)
     and all are merged by key, so each source is spread evenly by tokens. Keys never decrease
     within a source, so its samples keep their order."""
-    keys, owner = [], []
-    for i, lengths in enumerate(chosen):
-        if lengths.size == 0:
+    sizes = [c.size for c in chosen]
+    starts = np.cumsum([0, *sizes], dtype=np.int64)
+    bits = max(1, (int(starts[-1]) - 1).bit_length())
+    scale, below = float(1 << (64 - bits)), np.nextafter(1.0, 0.0)
+    keys = np.empty(int(starts[-1]), np.uint64)
+    for i, (lengths, c) in enumerate(zip(sources, chosen)):
+        if c.size == 0:
             continue
-        ends = np.cumsum(lengths, dtype=np.int64)
-        jitter = _uniform(_stream(seed, _ORDER, i), lengths.size)
-        keys.append(((ends - lengths) + lengths * jitter) / float(ends[-1]))
-        owner.append(np.full(lengths.size, i, np.int32))
-    if not keys:
-        return np.empty(0, np.int32)
-    owners = np.concatenate(owner)
-    bits = max(1, (owners.size - 1).bit_length())
-    fraction = np.minimum(np.concatenate(keys), np.nextafter(1.0, 0.0))  # [0, 1)
-    top = (fraction * float(1 << (64 - bits))).astype(np.uint64) << np.uint64(bits)
-    return owners[_ranked(top, bits)]
+        used = lengths[c]
+        ends = np.cumsum(used, dtype=np.int64)
+        jitter = _uniform(_stream(seed, _ORDER, i), c.size)
+        fraction = np.minimum(((ends - used) + used * jitter) / float(ends[-1]), below)
+        keys[starts[i] : starts[i + 1]] = (fraction * scale).astype(np.uint64)
+    keys <<= np.uint64(bits)
+    order = _ranked(keys, bits)
+    return (np.searchsorted(starts, order, side="right") - 1).astype(np.int32)
 
 
 def mix(
@@ -258,12 +259,11 @@ def mix(
     fractions = _check_weights(weights, len(sources))
     tokens = A.integer(tokens, "tokens", minimum=1, none=True, flag="--mix-tokens")
     seed = A.integer(seed, "seed", minimum=0)
-    totals = [int(a.sum()) for a in sources]
+    totals = [int(a.sum(dtype=np.int64)) for a in sources]
     targets, _ = _targets(totals, fractions, tokens)
     _check_targets(targets, [int(a.min()) for a in sources], fractions, tokens is not None)
     chosen = [_choose(a, t, seed, i) for i, (a, t) in enumerate(zip(sources, targets))]
-    used = [a[c] for a, c in zip(sources, chosen)]
-    achieved = [int(u.sum()) for u in used]
+    achieved = [int(a[c].sum(dtype=np.int64)) for a, c in zip(sources, chosen)]
     output = sum(achieved)
     if output == 0:  # only with `tokens`: by default the scarcest source is used whole
         raise UsageError(
@@ -287,7 +287,7 @@ def mix(
                 share=achieved[i] / output,
             )
         )
-    order = _read_only(_interleave(used, seed))
+    order = _read_only(_interleave(sources, chosen, seed))
     return Mixture(sources=tuple(mixed), source_order=order, seed=seed)
 
 
@@ -297,7 +297,7 @@ def _held_out(split, n: int, source: int) -> int:
     if isinstance(split, numbers.Integral):
         k = int(split)
     else:
-        k = max(1, math.floor(Fraction(split) * n + Fraction(1, 2)))
+        k = max(1, math.floor(Fraction(float(split)) * n + Fraction(1, 2)))
     if k >= n:
         raise UsageError(
             f"{name} {split} holds out {k:,} of source {source}'s {n:,} samples, "
