@@ -332,6 +332,8 @@ def test_bad_sources_are_refused_naming_the_source():
         mix([np.array([5, 0])], [1])
     with pytest.raises(UsageError, match=r"lengths\[0\] must be a 1-d array of integers"):
         mix([np.array([1.5])], [1])
+    with pytest.raises(UsageError, match=r"lengths\[1\] must be a 1-d array of integers"):
+        mix([np.array([1]), [[1, 2], [3]]], [1, 1])
     with pytest.raises(UsageError, match="lengths must be a non-empty list"):
         mix([], [])
 

@@ -31,7 +31,7 @@ from packer.errors import InputError, UsageError, option
 _MIX, _ORDER, _SPLIT = 0, 1, 2  # purposes: separate random streams per use and per source
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compare them with numpy
 class MixedSource:
     """What one source gives the output. `indices` (read-only int64) index the source's
     samples in the order they are used: `epochs` seeded permutations of all of them, then the
@@ -52,7 +52,7 @@ class MixedSource:
         return max(self.epochs - 1, 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compare them with numpy
 class Mixture:
     """The plan of a mixture. `source_order` (read-only int32, one entry per output sample)
     says which source gives the next sample; the k-th entry naming source s takes
@@ -83,7 +83,7 @@ class Mixture:
         return self.source_order, index
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compare them with numpy
 class ValidationSplit:
     """Per source, the samples kept for training and those held out (ascending, read-only
     int64, disjoint: together every sample once)."""
@@ -109,8 +109,8 @@ def _ranked(keys: np.ndarray, bits: int) -> np.ndarray:
 
 
 def seeded_permutation(bits: np.random.PCG64, n: int) -> np.ndarray:
-    """A permutation of 0..n-1 from the raw stream: n random 64-bit keys in order (their top
-    bits; ties, vanishingly rare, by position)."""
+    """A permutation of 0..n-1 from the raw stream: n random 64-bit keys in order of their
+    top 64 - log2(n) bits (ties there, a few among millions, by position: a negligible bias)."""
     return _ranked(bits.random_raw(n), max(1, (n - 1).bit_length()))
 
 
@@ -143,7 +143,10 @@ def _check_lengths(lengths) -> list[np.ndarray]:
         raise UsageError(f"{name} must be a non-empty list of length arrays, one per source")
     checked = []
     for i, source in enumerate(lengths):
-        a = np.asarray(source)
+        try:
+            a = np.asarray(source)
+        except (TypeError, ValueError):
+            a = np.empty((0, 0))
         if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
             raise UsageError(f"{name}[{i}] must be a 1-d array of integers")
         if a.size == 0:
@@ -174,17 +177,15 @@ def _check_weights(weights, n_sources: int) -> list[Fraction]:
     return [Fraction(int(w) if isinstance(w, numbers.Integral) else float(w)) for w in weights]
 
 
-def _targets(
-    totals: list[int], weights: list[Fraction], tokens: int | None
-) -> tuple[list[Fraction], int | None]:
-    """Each source's token target, exact; and the source whose size sets the output's
-    (None when `tokens` does)."""
+def _targets(totals: list[int], weights: list[Fraction], tokens: int | None) -> list[Fraction]:
+    """Each source's token target, exact. Without `tokens`, the scarcest source relative to
+    its weight sets the output's size, so its target is its whole size."""
     whole = sum(weights)
     if tokens is not None:
-        return [Fraction(tokens) * w / whole for w in weights], None
+        return [Fraction(tokens) * w / whole for w in weights]
     scarcest = min(range(len(totals)), key=lambda i: Fraction(totals[i]) / weights[i])
     size = Fraction(totals[scarcest]) * whole / weights[scarcest]
-    return [size * w / whole for w in weights], scarcest
+    return [size * w / whole for w in weights]
 
 
 def _check_targets(
@@ -260,7 +261,7 @@ def mix(
     tokens = A.integer(tokens, "tokens", minimum=1, none=True, flag="--mix-tokens")
     seed = A.integer(seed, "seed", minimum=0)
     totals = [int(a.sum(dtype=np.int64)) for a in sources]
-    targets, _ = _targets(totals, fractions, tokens)
+    targets = _targets(totals, fractions, tokens)
     _check_targets(targets, [int(a.min()) for a in sources], fractions, tokens is not None)
     chosen = [_choose(a, t, seed, i) for i, (a, t) in enumerate(zip(sources, targets))]
     achieved = [int(a[c].sum(dtype=np.int64)) for a, c in zip(sources, chosen)]
