@@ -51,6 +51,11 @@ class MixedSource:
         """Whole passes beyond the first: 0 unless the source is repeated."""
         return max(self.epochs - 1, 0)
 
+    def report(self) -> dict:
+        """Plain numbers for a manifest or a JSON report (no arrays)."""
+        fields = ("weight", "target", "tokens", "samples", "epochs", "repeats", "dropped")
+        return {name: getattr(self, name) for name in fields} | {"share": self.share}
+
 
 @dataclass(frozen=True, eq=False)  # arrays: compare them with numpy
 class Mixture:
