@@ -4,6 +4,8 @@ JSON for tests/test_export.py. Nothing here is packer's code.
     python consumer_readers.py megatron PREFIX          -> Megatron-LM's IndexedDataset
     python consumer_readers.py mds DIR                  -> streaming's StreamingDataset
     python consumer_readers.py mds-write ROWS.json DIR LIMIT -> streaming's own MDSWriter
+    python consumer_readers.py megatron-merge VOCAB DIR PREFIX -> megatron-core's builder merges
+        a dataset of its own (dtype as preprocess_data.py picks it for VOCAB) with PREFIX
 """
 
 from __future__ import annotations
@@ -39,6 +41,37 @@ def megatron(prefix: str) -> dict:
     return out
 
 
+def megatron_merge(vocab: str, directory: str, prefix: str) -> dict:
+    """What Megatron-LM's tools/merge_datasets.py does: one IndexedDatasetBuilder, `add_index`
+    for each dataset, `finalize`; the first dataset is made as tools/preprocess_data.py makes
+    one for a tokenizer of VOCAB ids."""
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
+
+    dtype = DType.optimal_dtype(int(vocab))
+    theirs = f"{directory}/theirs"
+    builder = IndexedDatasetBuilder(f"{theirs}.bin", dtype=dtype)
+    for document in ([5, 6, 7], [8, 9]):
+        builder.add_document(torch.tensor(document), [len(document)])
+    builder.finalize(f"{theirs}.idx")
+    merged = f"{directory}/merged"
+    builder = IndexedDatasetBuilder(f"{merged}.bin", dtype=dtype)
+    try:
+        for part in (theirs, prefix):
+            builder.add_index(part)
+    except AssertionError:  # megatron-core's own check: `index.dtype == self.dtype`
+        return {"merged": False, "dtype": np.dtype(dtype).name}
+    builder.finalize(f"{merged}.idx")
+    ds = IndexedDataset(merged)
+    return {
+        "merged": True,
+        "dtype": np.dtype(dtype).name,
+        "sequences": [ds[i].tolist() for i in range(len(ds))],
+        "document_indices": ds.document_indices.tolist(),
+    }
+
+
 def mds(directory: str) -> list[dict]:
     base = _streaming_base()
     ds = base.StreamingDataset(local=directory, shuffle=False, batch_size=1, validate_hash="xxh64")
@@ -65,4 +98,5 @@ if __name__ == "__main__":
     if command == "mds-write":
         mds_write(*args)
     else:
-        json.dump({"megatron": megatron, "mds": mds}[command](*args), sys.stdout)
+        readers = {"megatron": megatron, "mds": mds, "megatron-merge": megatron_merge}
+        json.dump(readers[command](*args), sys.stdout)

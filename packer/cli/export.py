@@ -81,6 +81,8 @@ def export_command(
             mds_size_limit=mds_size_limit,
             memory_budget=memory_budget,
         )
+    for warning in result.warnings:
+        stderr.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
         return

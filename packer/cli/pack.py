@@ -296,6 +296,8 @@ def pack(
                 output, export_to, export_dest, overwrite=overwrite, memory_budget=memory_budget
             )
             report["export"] = exported.to_dict()
+            for warning in exported.warnings:
+                stderr.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
         else:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from packer.errors import option
 from packer.export.rows import RowBatch
 
 HEADER = b"MMIDIDX\x00\x00"
@@ -30,7 +31,19 @@ NOTES = (
 
 
 def optimal_dtype(vocab_size: int) -> np.dtype:
+    """megatron-core's `DType.optimal_dtype`, which its `tools/preprocess_data.py` applies to
+    the tokenizer's vocabulary size: datasets of different dtypes do not merge."""
     return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
+
+
+def dtype_warning(largest: int) -> str:
+    """Why an export without a vocabulary size may not merge with Megatron's own data."""
+    dtype = optimal_dtype(largest).name
+    return (
+        f"no {option('vocab_size', '--vocab-size')}: the token dtype ({dtype}) follows the "
+        f"largest id ({largest - 1}); Megatron's tools pick it from the tokenizer's vocabulary "
+        "size (uint16 below 65500, else int32), and datasets of different dtypes do not merge"
+    )
 
 
 CHUNK = 1 << 22  # index entries per read while the index is assembled (32 MiB of pointers)

@@ -60,6 +60,7 @@ class ExportResult:
     notes: tuple[str, ...] = ()
     details: dict = field(default_factory=dict)
     seconds: float = 0.0
+    warnings: tuple[str, ...] = ()  # what the user may want to change; the export is complete
 
     def to_dict(self) -> dict:
         return {
@@ -71,6 +72,7 @@ class ExportResult:
             "files": self.files,
             "notes": list(self.notes),
             "details": self.details,
+            "warnings": list(self.warnings),
             "seconds": round(self.seconds, 3),
         }
 
@@ -140,6 +142,8 @@ def _export(
             result.samples += samples
             result.tokens += tokens
         result.details = writer.finish()
+        if to == "megatron" and vocab_size is None:
+            result.warnings = (megatron.dtype_warning(writer.vocab_size),)
         if eos_id is not None:
             result.details["eos_id"] = eos_id
         known = getattr(writer, "digests", {})  # hashed while written, not read back
