@@ -6,6 +6,15 @@ JSON for tests/test_export.py. Nothing here is packer's code.
     python consumer_readers.py mds-write ROWS.json DIR LIMIT -> streaming's own MDSWriter
     python consumer_readers.py megatron-merge VOCAB DIR PREFIX -> megatron-core's builder merges
         a dataset of its own (dtype as preprocess_data.py picks it for VOCAB) with PREFIX
+    python consumer_readers.py bridge DIR SIZE EOS MULT PAD_CU -> Megatron-Bridge's packed
+        Parquet dataset and collate_fn, one row per micro-batch
+
+Packages entered without their `__init__` (each imports the CUDA-only stack: triton,
+transformer-engine, every model bridge), the modules below them unchanged: megatron.core,
+megatron.training, megatron.bridge and its data, data.datasets, data.builders, training,
+training.tokenizers and utils. Modules stubbed, imported but never called (each stub raises if
+it is): megatron.bridge.utils.common_utils (rank and logging helpers, and `resolve_path`) and
+megatron.bridge.training.tokenizers.tokenizer (`MegatronTokenizer`, a type annotation here).
 """
 
 from __future__ import annotations
@@ -29,7 +38,105 @@ def _streaming_base():
     return streaming.base
 
 
+def _bare(*names: str) -> None:
+    """Each package as a module with its path but without running its `__init__`."""
+    import megatron  # noqa: F401  the namespace package they live in
+
+    for name in names:
+        parent, leaf = name.rsplit(".", 1)
+        package = types.ModuleType(name)
+        package.__path__ = [f"{p}/{leaf}" for p in sys.modules[parent].__path__]
+        sys.modules[name] = package
+
+
+class _NotCalled:
+    """A stubbed name: importing it works, calling it fails the reader."""
+
+    def __init__(self, *args, **kwargs):
+        raise AssertionError(f"a stub was called: {type(self).__name__}")
+
+
+def _megatron_core() -> None:
+    # megatron/core/__init__.py imports its distributed and pipeline code, which needs triton
+    if "megatron.core" not in sys.modules:
+        _bare("megatron.core")
+        # what its __init__ imports first: parallel_state and utils import each other
+        import megatron.core.parallel_state  # noqa: F401
+
+
+def _bridge():
+    _megatron_core()
+    _bare(
+        "megatron.training",
+        "megatron.bridge",
+        "megatron.bridge.data",
+        "megatron.bridge.data.datasets",
+        "megatron.bridge.data.builders",
+        "megatron.bridge.training",
+        "megatron.bridge.training.tokenizers",
+        "megatron.bridge.utils",
+    )
+    stubs = {
+        "megatron.bridge.utils.common_utils": (
+            "get_local_rank_preinit",
+            "get_rank_safe",
+            "get_world_size_safe",
+            "print_rank_0",
+            "get_last_rank",
+            "resolve_path",
+        ),
+        "megatron.bridge.training.tokenizers.tokenizer": ("MegatronTokenizer",),
+    }
+    for module, names in stubs.items():
+        stub = types.ModuleType(module)
+        for name in names:
+            setattr(stub, name, type(name, (_NotCalled,), {}))
+        sys.modules[module] = stub
+    from megatron.bridge.data.builders.gpt_sft import build_gpt_sft_split
+
+    return build_gpt_sft_split
+
+
+class _EosTokenizer:
+    """What the packed dataset and its collate read of a tokenizer: the EOS id."""
+
+    def __init__(self, eos_id: int):
+        self.eos_id = eos_id
+
+
+def bridge(directory: str, size: str, eos: str, mult: str, pad_cu: str) -> dict:
+    """Bridge's own split builder (`build_gpt_sft_split`, as GPTSFTDatasetBuilder calls it for
+    the training split of an offline-packed recipe) and the dataset's collate_fn, one row per
+    micro-batch (micro_batch_size 1)."""
+    build = _bridge()
+    pad_cu_seqlens = pad_cu == "1"
+    ds = build(
+        directory,
+        tokenizer=_EosTokenizer(int(eos)),
+        seq_length=int(size),
+        memmap_workers=1,
+        seed=1234,
+        packed_sequence_size=int(size),
+        pack_metadata_path=f"{directory}/packing_metadata.json",
+        pad_cu_seqlens=pad_cu_seqlens,
+        pad_seq_to_mult=int(mult),
+        dataset_kwargs={"pad_to_max_length": pad_cu_seqlens},
+    )
+    batches = []
+    for i in range(len(ds)):
+        batch = ds.collate_fn([ds[i]])
+        item = {key: value for key, value in batch.items() if value is not None}
+        for key, value in item.items():
+            if key.startswith("max_seqlen"):  # [1] with pad_cu_seqlens, else [1, 1]
+                item[key] = int(value.reshape(-1)[0])
+            else:
+                item[key] = value[0].tolist() if hasattr(value, "tolist") else value[0]
+        batches.append(item)
+    return {"class": type(ds).__name__, "rows": len(ds), "batches": batches}
+
+
 def megatron(prefix: str) -> dict:
+    _megatron_core()
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     out = {}
@@ -47,6 +154,8 @@ def megatron_merge(vocab: str, directory: str, prefix: str) -> dict:
     one for a tokenizer of VOCAB ids."""
     import numpy as np
     import torch
+
+    _megatron_core()
     from megatron.core.datasets.indexed_dataset import DType, IndexedDataset, IndexedDatasetBuilder
 
     dtype = DType.optimal_dtype(int(vocab))
@@ -98,5 +207,10 @@ if __name__ == "__main__":
     if command == "mds-write":
         mds_write(*args)
     else:
-        readers = {"megatron": megatron, "mds": mds, "megatron-merge": megatron_merge}
+        readers = {
+            "megatron": megatron,
+            "mds": mds,
+            "megatron-merge": megatron_merge,
+            "bridge": bridge,
+        }
         json.dump(readers[command](*args), sys.stdout)
