@@ -105,22 +105,49 @@ class _EosTokenizer:
 
 
 def bridge(directory: str, size: str, eos: str, mult: str, pad_cu: str) -> dict:
-    """Bridge's own split builder (`build_gpt_sft_split`, as GPTSFTDatasetBuilder calls it for
-    the training split of an offline-packed recipe) and the dataset's collate_fn, one row per
-    micro-batch (micro_batch_size 1)."""
+    """docs/export.md's recipe as Bridge's config classes (GPTSFTDatasetConfig with
+    PackedSequenceSpecs, validated), then the training split as GPTSFTDatasetBuilder builds
+    it from them (`build_gpt_sft_split`, with its `_build_datasets` arguments) and the
+    dataset's collate_fn, one row per micro-batch (micro_batch_size 1)."""
     build = _bridge()
+    from megatron.bridge.data.builders.gpt_sft import (
+        GPTSFTDatasetConfig,
+        normalize_gpt_sft_dataset_kwargs,
+    )
+    from megatron.bridge.data.packing import PackedSequenceSpecs
+
     pad_cu_seqlens = pad_cu == "1"
-    ds = build(
-        directory,
-        tokenizer=_EosTokenizer(int(eos)),
+    config = GPTSFTDatasetConfig(
         seq_length=int(size),
-        memmap_workers=1,
-        seed=1234,
-        packed_sequence_size=int(size),
-        pack_metadata_path=f"{directory}/packing_metadata.json",
-        pad_cu_seqlens=pad_cu_seqlens,
-        pad_seq_to_mult=int(mult),
-        dataset_kwargs={"pad_to_max_length": pad_cu_seqlens},
+        dataset_root=directory,
+        enable_offline_packing=True,
+        offline_packing_specs=PackedSequenceSpecs(
+            packed_sequence_size=int(size),
+            packed_train_data_path=directory,
+            packed_metadata_path=f"{directory}/packing_metadata.json",
+            pad_seq_to_mult=int(mult),
+            pad_cu_seqlens=pad_cu_seqlens,
+        ),
+        dataset_kwargs={"pad_to_max_length": True} if pad_cu_seqlens else None,
+        do_validation=False,
+        do_test=False,
+    )
+    config.validate()
+    specs = config.offline_packing_specs
+    ds = build(
+        specs.packed_train_data_path,
+        tokenizer=_EosTokenizer(int(eos)),
+        seq_length=config.seq_length,
+        memmap_workers=config.memmap_workers,
+        seed=config.seed,
+        packed_sequence_size=specs.packed_sequence_size,
+        pack_metadata_path=specs.packed_metadata_path,
+        pad_cu_seqlens=specs.pad_cu_seqlens,
+        pad_seq_to_mult=specs.pad_seq_to_mult,
+        dataset_kwargs={
+            "max_num_samples": config.max_train_samples,
+            **normalize_gpt_sft_dataset_kwargs(config),
+        },
     )
     batches = []
     for i in range(len(ds)):

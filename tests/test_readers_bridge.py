@@ -1,7 +1,8 @@
 """`--to megatron-bridge` through Megatron-Bridge's own data path (0.6.0, in the readers'
-virtualenv): `build_gpt_sft_split`, the function its GPTSFTDatasetBuilder builds the training
-split of an offline-packed recipe with, gives GPTSFTPackedParquetDataset, and its collate_fn
-builds the micro-batch the model receives. What it yields is compared with packer's rows, with
+virtualenv): docs/export.md's recipe as Bridge's GPTSFTDatasetConfig and PackedSequenceSpecs,
+validated; `build_gpt_sft_split`, the function its GPTSFTDatasetBuilder builds the training
+split with, gives GPTSFTPackedParquetDataset, and its collate_fn builds the micro-batch the
+model receives. What it yields is compared with packer's rows, with
 the original samples, and with the independent reader in export_checks.py (which the other
 export tests hold to packer's rows); every segment it gives the kernel fits its max_seqlen."""
 
@@ -24,7 +25,8 @@ from export_checks import (
 )
 
 import packer
-from packer.export import export
+from packer.export import EXPORT_MANIFEST, export
+from packer.hashing import file_digest
 
 L, EOS = 256, 1000  # the samples' ids are below 1000
 pytestmark = pytest.mark.xdist_group("export")
@@ -105,6 +107,13 @@ def test_bridge_feeds_packer_samples_unchanged(readers, samples, tmp_path, pad_c
             assert batch[key] == mine[key]
         assert cu == mine["cu_seqlens"]
     assert checked == sum(len(r["seq_lens"]) for r in rows) > len(rows)
+    # the recipe leaves the export as written: Bridge appended nothing to its metadata
+    recorded = json.loads((dest / EXPORT_MANIFEST).read_text())["files"]
+    for entry in recorded:
+        assert file_digest(dest / entry["file"]) == entry["xxh3_128"], entry["file"]
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        [EXPORT_MANIFEST, *(e["file"] for e in recorded)]
+    )
 
 
 @pytest.mark.parametrize("layout", ["cp2", "cp2-tp4-sp"])
