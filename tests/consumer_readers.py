@@ -8,6 +8,8 @@ JSON for tests/test_export.py. Nothing here is packer's code.
         a dataset of its own (dtype as preprocess_data.py picks it for VOCAB) with PREFIX
     python consumer_readers.py bridge DIR SIZE EOS MULT PAD_CU -> Megatron-Bridge's packed
         Parquet dataset and collate_fn, one row per micro-batch
+    python consumer_readers.py mds-loader DIR BATCH -> streaming's StreamingDataset in a torch
+        DataLoader with packer.torch.collate_packed, and check_isolation on a tiny model
 
 Packages entered without their `__init__` (each imports the CUDA-only stack: triton,
 transformer-engine, every model bridge), the modules below them unchanged: megatron.core,
@@ -214,6 +216,35 @@ def mds(directory: str) -> list[dict]:
     return [{k: v.tolist() for k, v in ds[i].items()} for i in range(len(ds))]
 
 
+def mds_loader(directory: str, batch_size: str) -> dict:
+    """What a PyTorch (or Composer) training loop gets from an MDS export: StreamingDataset's
+    rows, batched by torch's DataLoader with packer's collate (flatten), and whether a tiny
+    model gives every sample of the first batch what it gives the sample alone."""
+    import torch
+
+    from packer.torch import check_isolation, collate_packed
+    from packer.torch.tiny_model import build_tiny_model
+
+    base = _streaming_base()
+    ds = base.StreamingDataset(
+        local=directory, shuffle=False, batch_size=int(batch_size), validate_hash="xxh64"
+    )
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=int(batch_size), collate_fn=collate_packed, num_workers=0
+    )
+    batches = []
+    for batch in loader:
+        batches.append(
+            {
+                key: value.tolist() if isinstance(value, torch.Tensor) else value
+                for key, value in batch.items()
+            }
+        )
+    first = next(iter(loader))
+    report = check_isolation(build_tiny_model(), first)
+    return {"batches": batches, "isolated": report.ok, "samples": report.samples_after_first}
+
+
 def mds_write(rows_json: str, directory: str, limit: str) -> None:
     import numpy as np
 
@@ -239,5 +270,6 @@ if __name__ == "__main__":
             "mds": mds,
             "megatron-merge": megatron_merge,
             "bridge": bridge,
+            "mds-loader": mds_loader,
         }
         json.dump(readers[command](*args), sys.stdout)
