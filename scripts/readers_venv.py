@@ -25,8 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = [
-    # the megatron-core that megatron-bridge 0.6.0 imports (0.17 lacks its _rank_utils names)
-    "megatron-core==0.18.2",
+    # GPTDataset's inter-document masking is new in 0.19; Bridge 0.6.0's data path runs on it
+    "megatron-core==0.19.2",
     "megatron-bridge==0.6.0",
     "mosaicml-streaming==0.13.0",
     # what streaming's modules import at load time (compression codecs, PIL for its image

@@ -8,6 +8,8 @@ JSON for tests/test_export.py. Nothing here is packer's code.
         a dataset of its own (dtype as preprocess_data.py picks it for VOCAB) with PREFIX
     python consumer_readers.py bridge DIR SIZE EOS MULT PAD_CU -> Megatron-Bridge's packed
         Parquet dataset and collate_fn, one row per micro-batch
+    python consumer_readers.py gpt-dataset PREFIX SEQLEN EOD EOD_MASK N -> Megatron-LM's
+        pretraining GPTDataset with inter_document_masking (--dataloader-inter-document-masking)
     python consumer_readers.py mds-loader DIR BATCH -> streaming's StreamingDataset in a torch
         DataLoader with packer.torch.collate_packed, and check_isolation on a tiny model
 
@@ -177,6 +179,63 @@ def megatron(prefix: str) -> dict:
     return out
 
 
+class _EodTokenizer:
+    """What GPTDataset reads of a tokenizer: the EOD and pad ids, the vocabulary size and an
+    identifier for its cache."""
+
+    def __init__(self, eod: int):
+        self.eod, self.pad, self.vocab_size = eod, -1, 32000
+        self.unique_identifiers = {"class": "EodTokenizer", "eod": eod}
+
+
+def gpt_dataset(prefix: str, seqlen: str, eod: str, eod_mask: str, count: str) -> dict:
+    """The first COUNT training windows of Megatron-LM's GPTDataset over PREFIX, as
+    BlendedMegatronDatasetBuilder builds it for `--data-path PREFIX --split 1,0,0
+    --dataloader-inter-document-masking` (and `--eod-mask-loss` when EOD_MASK is 1), with the
+    documents (IndexedDataset sequences) each window was cut from."""
+    import tempfile
+
+    _megatron_core()
+    from megatron.core.datasets.blended_megatron_dataset_builder import (
+        BlendedMegatronDatasetBuilder,
+    )
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    config = GPTDatasetConfig(
+        random_seed=1234,
+        sequence_length=int(seqlen),
+        blend=([prefix], None),
+        split="1,0,0",
+        tokenizer=_EodTokenizer(int(eod)),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=eod_mask == "1",
+        create_attention_mask=False,
+        inter_document_masking=True,
+        path_to_cache=tempfile.mkdtemp(),
+    )
+    train, _, _ = BlendedMegatronDatasetBuilder(
+        GPTDataset, [int(count), None, None], lambda: True, config
+    ).build()
+    windows = []
+    for i in range(int(count)):
+        item = train[i]
+        _, documents, _ = train._query_document_sample_shuffle_indices(i)
+        cu = item["cu_seqlens"].tolist()
+        windows.append(
+            {
+                "tokens": item["tokens"].tolist(),
+                "labels": item["labels"].tolist(),
+                "loss_mask": item["loss_mask"].tolist(),
+                "position_ids": item["position_ids"].tolist(),
+                "cu_seqlens": cu[: cu.index(int(seqlen)) + 1],
+                "max_seqlen": int(item["max_seqlen"]),
+                "documents": documents.tolist(),
+            }
+        )
+    return {"windows": windows, "documents": len(train.document_index)}
+
+
 def megatron_merge(vocab: str, directory: str, prefix: str) -> dict:
     """What Megatron-LM's tools/merge_datasets.py does: one IndexedDatasetBuilder, `add_index`
     for each dataset, `finalize`; the first dataset is made as tools/preprocess_data.py makes
@@ -271,5 +330,6 @@ if __name__ == "__main__":
             "megatron-merge": megatron_merge,
             "bridge": bridge,
             "mds-loader": mds_loader,
+            "gpt-dataset": gpt_dataset,
         }
         json.dump(readers[command](*args), sys.stdout)
