@@ -93,3 +93,14 @@ def test_an_export_merges_with_data_megatron_made_for_the_same_tokenizer(packed,
         readers, "megatron-merge", LLAMA3_VOCAB, tmp_path / "merge-unsized", unsized / "input_ids"
     )
     assert got == {"merged": False, "dtype": "int32"}
+
+
+def test_pack_export_megatron_warns_too(tmp_path):
+    src = write_jsonl(tmp_path / "in.jsonl", make_samples(30, seed=6, median=20))
+    out = tmp_path / "out"
+    r = packer_cli(
+        "pack", src, "-L", 64, "--overlength", "split", "-o", out, "--export", "megatron"
+    )
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "--vocab-size" in warnings[0]
