@@ -54,10 +54,12 @@ class MegatronWriter:
     ends go to two scratch files as rows arrive and are assembled into the indices at the end,
     a chunk at a time: memory stays that of one batch however many samples there are."""
 
-    def __init__(self, tmp: Path, vocab_size: int):
+    def __init__(self, tmp: Path, vocab_size: int, sized: bool = True):
         self.tmp = tmp
         self.dtype = optimal_dtype(vocab_size)
         self.vocab_size = vocab_size
+        # `sized`: the vocabulary size is the user's, not the largest id + 1
+        self.warnings = () if sized else (dtype_warning(vocab_size),)
         self._tokens = open(tmp / "input_ids.bin", "wb")  # noqa: SIM115  closed in finish
         self._labels = open(tmp / "labels.bin", "wb")  # noqa: SIM115  closed in finish
         self._hash = {"input_ids.bin": xxhash.xxh3_128(), "labels.bin": xxhash.xxh3_128()}
