@@ -8,6 +8,8 @@ JSON for tests/test_export.py. Nothing here is packer's code.
         a dataset of its own (dtype as preprocess_data.py picks it for VOCAB) with PREFIX
     python consumer_readers.py bridge DIR SIZE EOS MULT PAD_CU -> Megatron-Bridge's packed
         Parquet dataset and collate_fn, one row per micro-batch
+    python consumer_readers.py bridge-recipe CODE DIR EOS -> the same, with the dataset config
+        that docs/export.md's recipe (the file CODE) sets, run in DIR
     python consumer_readers.py gpt-dataset PREFIX SEQLEN EOD EOD_MASK N -> Megatron-LM's
         pretraining GPTDataset with inter_document_masking (--dataloader-inter-document-masking)
     python consumer_readers.py mds-loader DIR BATCH -> streaming's StreamingDataset in a torch
@@ -114,10 +116,7 @@ def bridge(directory: str, size: str, eos: str, mult: str, pad_cu: str) -> dict:
     it from them (`build_gpt_sft_split`, with its `_build_datasets` arguments) and the
     dataset's collate_fn, one row per micro-batch (micro_batch_size 1)."""
     build = _bridge()
-    from megatron.bridge.data.builders.gpt_sft import (
-        GPTSFTDatasetConfig,
-        normalize_gpt_sft_dataset_kwargs,
-    )
+    from megatron.bridge.data.builders.gpt_sft import GPTSFTDatasetConfig
     from megatron.bridge.data.packing import PackedSequenceSpecs
 
     pad_cu_seqlens = pad_cu == "1"
@@ -136,11 +135,35 @@ def bridge(directory: str, size: str, eos: str, mult: str, pad_cu: str) -> dict:
         do_validation=False,
         do_test=False,
     )
+    return _bridge_batches(build, config, int(eos))
+
+
+def bridge_recipe(code_file: str, directory: str, eos: str) -> dict:
+    """docs/export.md's recipe block run as written, in DIRECTORY (where its paths lead to
+    the export), on a `cfg` with the attributes it sets; then the data path of `bridge`."""
+    import os
+
+    build = _bridge()
+    cfg = types.SimpleNamespace(train=types.SimpleNamespace(), model=types.SimpleNamespace())
+    with open(code_file) as fh:
+        code = fh.read()
+    os.chdir(directory)
+    exec(compile(code, "docs/export.md", "exec"), {"cfg": cfg})  # noqa: S102
+    out = _bridge_batches(build, cfg.dataset, int(eos))
+    out["micro_batch_size"] = cfg.train.micro_batch_size
+    return out
+
+
+def _bridge_batches(build, config, eos: int) -> dict:
+    """The training split as GPTSFTDatasetBuilder builds it from `config` (validated), and the
+    dataset's collate_fn on one row per micro-batch."""
+    from megatron.bridge.data.builders.gpt_sft import normalize_gpt_sft_dataset_kwargs
+
     config.validate()
     specs = config.offline_packing_specs
     ds = build(
         specs.packed_train_data_path,
-        tokenizer=_EosTokenizer(int(eos)),
+        tokenizer=_EosTokenizer(eos),
         seq_length=config.seq_length,
         memmap_workers=config.memmap_workers,
         seed=config.seed,
@@ -329,6 +352,7 @@ if __name__ == "__main__":
             "mds": mds,
             "megatron-merge": megatron_merge,
             "bridge": bridge,
+            "bridge-recipe": bridge_recipe,
             "mds-loader": mds_loader,
             "gpt-dataset": gpt_dataset,
         }
