@@ -10,6 +10,7 @@ JSON for tests/test_export.py. Nothing here is packer's code.
         Parquet dataset and collate_fn, one row per micro-batch
     python consumer_readers.py bridge-recipe CODE DIR EOS -> the same, with the dataset config
         that docs/export.md's recipe (the file CODE) sets, run in DIR
+    python consumer_readers.py mds-recipe CODE DIR -> docs/export.md's streaming loader block
     python consumer_readers.py gpt-dataset PREFIX SEQLEN EOD EOD_MASK N -> Megatron-LM's
         pretraining GPTDataset with inter_document_masking (--dataloader-inter-document-masking)
     python consumer_readers.py mds-loader DIR BATCH -> streaming's StreamingDataset in a torch
@@ -327,6 +328,29 @@ def mds_loader(directory: str, batch_size: str) -> dict:
     return {"batches": batches, "isolated": report.ok, "samples": report.samples_after_first}
 
 
+def mds_recipe(code_file: str, directory: str) -> dict:
+    """docs/export.md's streaming loader block run as written in DIRECTORY (where its path leads
+    to the export), with `model` a tiny transformers model; `streaming.StreamingDataset` is
+    streaming.base's, which the package's `__init__` exports."""
+    import os
+
+    from packer.torch.tiny_model import build_tiny_model
+
+    base = _streaming_base()
+    sys.modules["streaming"].StreamingDataset = base.StreamingDataset
+    with open(code_file) as fh:
+        code = fh.read()
+    os.chdir(directory)
+    namespace = {"model": build_tiny_model()}
+    exec(compile(code, "docs/export.md", "exec"), namespace)  # noqa: S102
+    batch, outputs = namespace["batch"], namespace["outputs"]
+    return {
+        "input_ids": batch["input_ids"].tolist(),
+        "cu_seq_lens_q": batch["cu_seq_lens_q"].tolist(),
+        "logits_shape": list(outputs.logits.shape),
+    }
+
+
 def mds_write(rows_json: str, directory: str, limit: str) -> None:
     import numpy as np
 
@@ -354,6 +378,7 @@ if __name__ == "__main__":
             "bridge": bridge,
             "bridge-recipe": bridge_recipe,
             "mds-loader": mds_loader,
+            "mds-recipe": mds_recipe,
             "gpt-dataset": gpt_dataset,
         }
         json.dump(readers[command](*args), sys.stdout)

@@ -55,3 +55,28 @@ def test_streaming_loader_with_packer_collate_keeps_every_sample(readers, tmp_pa
             seen += 1
     assert seen == sum(len(r["seq_lens"]) for r in rows)
     assert got["isolated"] and got["samples"] > 0
+
+
+def test_the_documented_loader_runs(readers, tmp_path):
+    """docs/export.md's streaming block, as written, on the page's out/export-mds."""
+    from test_doc_snippets import ROOT, read_blocks
+
+    block = [
+        b
+        for b in read_blocks(ROOT / "docs" / "export.md")
+        if b.lang == "python" and "StreamingDataset(" in b.code
+    ]
+    assert len(block) == 1
+    code = tmp_path / "loader.py"
+    code.write_text(block[0].code)
+    work = tmp_path / "work"
+    src = write_jsonl(tmp_path / "in.jsonl", make_samples(120, seed=17, median=30))
+    out = work / "out" / "demo"
+    packer.pack([src], out, packer.PackConfig(max_len=L, overlength="split"))
+    export(out, "mds", work / "out" / "export-mds")
+    got = consumer(readers, "mds-recipe", code, work)
+    rows = packer_rows(out)[:8]  # the block's batch_size
+    assert got["input_ids"] == [[t for row in rows for t in row["input_ids"]]]
+    lengths = [n for row in rows for n in row["seq_lens"]]
+    assert got["cu_seq_lens_q"] == [0, *np.cumsum(lengths).tolist()]
+    assert got["logits_shape"][:2] == [1, sum(lengths)]
