@@ -10,6 +10,7 @@ JSON for tests/test_export.py. Nothing here is packer's code.
         Parquet dataset and collate_fn, one row per micro-batch
     python consumer_readers.py bridge-recipe CODE DIR EOS -> the same, with the dataset config
         that docs/export.md's recipe (the file CODE) sets, run in DIR
+    python consumer_readers.py megatron-recipe CODE DIR -> docs/export.md's IndexedDataset block
     python consumer_readers.py mds-recipe CODE DIR -> docs/export.md's streaming loader block
     python consumer_readers.py gpt-dataset PREFIX SEQLEN EOD EOD_MASK N -> Megatron-LM's
         pretraining GPTDataset with inter_document_masking (--dataloader-inter-document-masking)
@@ -203,6 +204,25 @@ def megatron(prefix: str) -> dict:
     return out
 
 
+def megatron_recipe(code_file: str, directory: str) -> dict:
+    """docs/export.md's IndexedDataset block run as written in DIRECTORY; its rows' sequences."""
+    import os
+
+    _megatron_core()
+    with open(code_file) as fh:
+        code = fh.read()
+    os.chdir(directory)
+    namespace: dict = {}
+    exec(compile(code, "docs/export.md", "exec"), namespace)  # noqa: S102
+    tokens, labels, rows = namespace["tokens"], namespace["labels"], namespace["rows"]
+    return {
+        "rows": [
+            [[tokens[i].tolist(), labels[i].tolist()] for i in range(rows[r], rows[r + 1])]
+            for r in range(len(rows) - 1)
+        ]
+    }
+
+
 class _EodTokenizer:
     """What GPTDataset reads of a tokenizer: the EOD and pad ids, the vocabulary size and an
     identifier for its cache."""
@@ -380,5 +400,6 @@ if __name__ == "__main__":
             "mds-loader": mds_loader,
             "mds-recipe": mds_recipe,
             "gpt-dataset": gpt_dataset,
+            "megatron-recipe": megatron_recipe,
         }
         json.dump(readers[command](*args), sys.stdout)

@@ -102,3 +102,26 @@ def test_eod_mask_loss_masks_the_cross_sample_target_of_eod_ended_samples(reader
         masked = [j for j, t in enumerate(w["tokens"]) if t == EOD]
         assert [j for j, m in enumerate(w["loss_mask"]) if m == 0] == masked
     assert crossing > WINDOWS
+
+
+def test_the_documented_reader_keeps_packer_rows(readers, tmp_path):
+    """docs/export.md's IndexedDataset block, as written, on the page's out/export-megatron:
+    row r's sequences are packer row r's samples, with their labels."""
+    from test_doc_snippets import ROOT, read_blocks
+
+    block = [
+        b
+        for b in read_blocks(ROOT / "docs" / "export.md")
+        if b.lang == "python" and "IndexedDataset(" in b.code
+    ]
+    assert len(block) == 1
+    code = tmp_path / "reader.py"
+    code.write_text(block[0].code)
+    work = tmp_path / "work"
+    src = write_jsonl(tmp_path / "in.jsonl", samples(end_with_eod=False))
+    out = work / "out" / "demo"
+    packer.pack([src], out, packer.PackConfig(max_len=128))
+    export(out, "megatron", work / "out" / "export-megatron", vocab_size=32000)
+    got = consumer(readers, "megatron-recipe", code, work)
+    want = [[[ids, labels] for ids, labels, _, _ in samples_of(row)] for row in packer_rows(out)]
+    assert got["rows"] == want
