@@ -1,11 +1,15 @@
 """Build `.venv-readers`: the trainers' own readers that prove `packer export`, kept apart.
 
-megatron-core (Megatron-LM's IndexedDataset) and mosaicml-streaming (StreamingDataset,
-MDSWriter) are never dependencies of packer: streaming pins an old huggingface_hub,
-transformers and torch that break datasets 5 beside it. They go, without their dependencies,
-into a virtualenv of their own that sees the dev environment's packages (torch, numpy) through
-a .pth file, with the few small modules their imports need. Built once (a lock file keeps two
-test workers from building it together), then reused; `make readers` runs this script.
+megatron-core (Megatron-LM's IndexedDataset), megatron-bridge (its packed Parquet dataset and
+collate_fn) and mosaicml-streaming (StreamingDataset, MDSWriter) are never dependencies of
+packer: streaming pins an old huggingface_hub, transformers and torch that break datasets 5
+beside it, and Bridge needs CUDA-only packages (transformer-engine, flashinfer, triton). They
+go, without their dependencies, into a virtualenv of their own that sees the dev environment's
+packages (torch, numpy, pyarrow, datasets) through a .pth file, with the few small modules
+their imports need. megatron-core 0.18 and megatron-bridge 0.6 declare Python >= 3.12; the
+modules the tests run import and run on 3.11, so they are installed with
+`--ignore-requires-python`. Built once (a lock file keeps two test workers from building it
+together), then reused; `make readers` runs this script.
 
 Usage: python scripts/readers_venv.py [DIR]   (default: .venv-readers beside the repo's files)
 """
@@ -21,7 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = [
-    "megatron-core==0.16.1",
+    # GPTDataset's inter-document masking is new in 0.19; Bridge 0.6.0's data path runs on it
+    "megatron-core==0.19.2",
+    "megatron-bridge==0.6.0",
     "mosaicml-streaming==0.13.0",
     # what streaming's modules import at load time (compression codecs, PIL for its image
     # encodings, catalogue for its registry); all small
@@ -61,7 +67,16 @@ def build(env: Path) -> Path:
         # the dev environment's torch and numpy, seen from the readers' env
         Path(site, "dev_site.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
         subprocess.run(
-            [str(python_of(env)), "-m", "pip", "install", "-q", "--no-deps", *PACKAGES],
+            [
+                str(python_of(env)),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--ignore-requires-python",
+                *PACKAGES,
+            ],
             check=True,
         )
         stamp.write_text(wanted)

@@ -66,7 +66,7 @@ def export_command(
     debug: bool = DEBUG,
 ) -> None:
     """Write a packer output as Megatron-Bridge, Megatron-LM, MosaicML MDS or TRL data."""
-    from packer.cli.render import stderr
+    from packer.cli.render import print_warnings, stderr
     from packer.export import export
 
     with user_errors(debug):
@@ -81,6 +81,7 @@ def export_command(
             mds_size_limit=mds_size_limit,
             memory_budget=memory_budget,
         )
+    print_warnings(result.warnings)
     if json_out:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
         return

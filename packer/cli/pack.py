@@ -237,7 +237,7 @@ def pack(
     debug: bool = DEBUG,
 ) -> None:
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
-    from packer.cli.render import pack_table, progress_bars, split_note, stderr
+    from packer.cli.render import pack_table, print_warnings, progress_bars, split_note, stderr
     from packer.config import build_config
     from packer.interrupts import sigterm_as_interrupt
     from packer.pipelines.pack import pack as run_pack
@@ -296,6 +296,7 @@ def pack(
                 output, export_to, export_dest, overwrite=overwrite, memory_budget=memory_budget
             )
             report["export"] = exported.to_dict()
+            print_warnings(exported.warnings)
         if json_out:
             sys.stdout.write(json.dumps(report) + "\n")
         else:

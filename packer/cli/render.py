@@ -99,6 +99,12 @@ def _split(report: dict) -> str:
     return f"{split:,} into {pieces:,} pieces"
 
 
+def print_warnings(warnings) -> None:
+    """One `warning:` line on stderr each: what a finished run suggests changing."""
+    for warning in warnings:
+        stderr.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
+
+
 def split_note(report: dict) -> str | None:
     """What a split costs, said once under the table when samples were split."""
     if not report.get("split"):

@@ -1,5 +1,5 @@
 """MosaicML streaming's MDS: `shard.NNNNN.mds` files and an `index.json`, one packed row per
-sample, as `StreamingDataset` (and llm-foundry) read them.
+sample, as `StreamingDataset` reads them.
 
 The bytes follow streaming/base/format/mds/writer.py and encodings.py: a shard is the sample
 count (uint32), the sample offsets (uint32, count + 1, from the shard's start), the writer's

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from packer.errors import option
 from packer.export.rows import RowBatch
 
 HEADER = b"MMIDIDX\x00\x00"
@@ -30,7 +31,19 @@ NOTES = (
 
 
 def optimal_dtype(vocab_size: int) -> np.dtype:
+    """megatron-core's `DType.optimal_dtype`, which its `tools/preprocess_data.py` applies to
+    the tokenizer's vocabulary size: datasets of different dtypes do not merge."""
     return np.dtype(np.uint16 if vocab_size < 65500 else np.int32)
+
+
+def dtype_warning(largest: int) -> str:
+    """Why an export without a vocabulary size may not merge with Megatron's own data."""
+    dtype = optimal_dtype(largest).name
+    return (
+        f"no {option('vocab_size', '--vocab-size')}: the token dtype ({dtype}) follows the "
+        f"largest id ({largest - 1}); Megatron's tools pick it from the tokenizer's vocabulary "
+        "size (uint16 below 65500, else int32), and datasets of different dtypes do not merge"
+    )
 
 
 CHUNK = 1 << 22  # index entries per read while the index is assembled (32 MiB of pointers)
@@ -41,10 +54,12 @@ class MegatronWriter:
     ends go to two scratch files as rows arrive and are assembled into the indices at the end,
     a chunk at a time: memory stays that of one batch however many samples there are."""
 
-    def __init__(self, tmp: Path, vocab_size: int):
+    def __init__(self, tmp: Path, vocab_size: int, sized: bool = True):
         self.tmp = tmp
         self.dtype = optimal_dtype(vocab_size)
         self.vocab_size = vocab_size
+        # `sized`: the vocabulary size is the user's, not the largest id + 1
+        self.warnings = () if sized else (dtype_warning(vocab_size),)
         self._tokens = open(tmp / "input_ids.bin", "wb")  # noqa: SIM115  closed in finish
         self._labels = open(tmp / "labels.bin", "wb")  # noqa: SIM115  closed in finish
         self._hash = {"input_ids.bin": xxhash.xxh3_128(), "labels.bin": xxhash.xxh3_128()}

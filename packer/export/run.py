@@ -60,6 +60,7 @@ class ExportResult:
     notes: tuple[str, ...] = ()
     details: dict = field(default_factory=dict)
     seconds: float = 0.0
+    warnings: tuple[str, ...] = ()  # what the user may want to change; the export is complete
 
     def to_dict(self) -> dict:
         return {
@@ -71,6 +72,7 @@ class ExportResult:
             "files": self.files,
             "notes": list(self.notes),
             "details": self.details,
+            "warnings": list(self.warnings),
             "seconds": round(self.seconds, 3),
         }
 
@@ -139,7 +141,7 @@ def _export(
             result.rows += rows
             result.samples += samples
             result.tokens += tokens
-        result.details = writer.finish()
+        result.details, result.warnings = writer.finish(), getattr(writer, "warnings", ())
         if eos_id is not None:
             result.details["eos_id"] = eos_id
         known = getattr(writer, "digests", {})  # hashed while written, not read back
@@ -385,9 +387,8 @@ def _writer(to: str, tmp: Path, source: Source, vocab_size, mds_size_limit, eos_
         fingerprint = hashlib.sha256(source.manifest_bytes).hexdigest()[:16]
         return trl.TrlWriter(tmp, len(source.shards), fingerprint)
     if to == "megatron":
-        if vocab_size is None:
-            vocab_size = source.max_token_id() + 1
-        return megatron.MegatronWriter(tmp, vocab_size)
+        sized = vocab_size is not None
+        return megatron.MegatronWriter(tmp, vocab_size or source.max_token_id() + 1, sized)
     if to == "mds":
         return mds.MdsWriter(tmp, mds_size_limit)
     multiple = config_multiple(source.manifest["config"])

@@ -136,7 +136,8 @@ def collate_packed(
     pad_id: int = 0,
     pad_to_multiple_of: int | None = None,
 ) -> dict:
-    """Collate rows of a `PackedDataset` (or dicts with the same columns) into one batch.
+    """Collate rows of a `PackedDataset` (or dicts with the same columns, such as the rows
+    `streaming.StreamingDataset` reads from a `packer export --to mds`) into one batch.
 
     `mode="flatten"` returns `[1, T]` tensors plus `cu_seq_lens_q/k` and `max_length_q/k`;
     `mode="pad"` returns `[B, L]` tensors plus per-row `cu_seqlens` `[B, S + 1]`. Both return
@@ -147,11 +148,7 @@ def collate_packed(
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
     if not rows:
         raise ValueError("cannot collate an empty batch")
-    missing = [
-        k
-        for k in ("input_ids", "labels", "position_ids", "cu_seqlens", "num_loss_tokens")
-        if k not in rows[0]
-    ]
+    missing = [k for k in ("input_ids", "labels", "position_ids", "cu_seqlens") if k not in rows[0]]
     if missing:
         raise KeyError(
             f"packed rows lack {', '.join(missing)}; with a Hugging Face Trainer, set "
@@ -171,8 +168,18 @@ def collate_packed(
     if mode == "pad" and pad_to_multiple_of is not None and pad_to_multiple_of < 1:
         raise ValueError(f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}")
     batch = _flatten(rows) if mode == "flatten" else _pad(rows, pad_id, pad_to_multiple_of)
-    batch["num_loss_tokens"] = sum(int(r["num_loss_tokens"]) for r in rows)
+    batch["num_loss_tokens"] = sum(_loss_tokens(r) for r in rows)
     return batch
+
+
+def _loss_tokens(row: dict) -> int:
+    """The row's `num_loss_tokens` column, or its count of counting labels where a reader does
+    not carry the column (an MDS export read with streaming's StreamingDataset)."""
+    if "num_loss_tokens" in row:
+        return int(row["num_loss_tokens"])
+    segs = _real_segments(row)
+    bounds = row["cu_seqlens_padded"] if "cu_seqlens_padded" in row else row["cu_seqlens"]
+    return int(np.count_nonzero(np.asarray(row["labels"][: int(bounds[segs])]) != IGNORE_INDEX))
 
 
 def model_inputs(batch: dict) -> dict:
