@@ -47,8 +47,12 @@ def load_tokenizer(source: str):
         else:
             tokenizer = AutoTokenizer.from_pretrained(source)
     except Exception as e:  # OSError for a missing file or an unreachable hub, ValueError, ...
-        where = "the directory" if local.is_dir() else "not a local directory, and the hub"
-        raise TokenizerError(f"{name}: cannot load {source} ({where}): {one_line(e)}") from None
+        if local.is_dir():
+            raise TokenizerError(f"{name}: cannot load {source}: {one_line(e)}") from None
+        raise TokenizerError(
+            f"{name}: {source} is not a local directory and cannot be loaded from the Hugging "
+            f"Face hub: {one_line(e)}"
+        ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise TokenizerError(f"{name}: {source} has no fast tokenizer (tokenizer.json)")
     if tokenizer.eos_token_id is None:

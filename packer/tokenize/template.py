@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 
 from packer.errors import EXIT_FAILURE, EXIT_USAGE, PackerError, option
+from packer.tokenize.records import RawRecordError
 
 TAGS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PROBE = "packer-probe-reply"
@@ -62,6 +63,7 @@ class ChatTemplate:
         self._render = render_function()
         self.eot = self.end_of_turn(special_tokens)
         self.parts = self.renders_parts()
+        self.tool_calls = "tool_calls" in text
 
     def render(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
         """The chat's text, and the generation spans (character offsets) when tagged."""
@@ -128,6 +130,10 @@ class ChatTemplate:
         """The chat's text and, per assistant turn, the characters to train: the reply and its
         end-of-turn token."""
         messages = self.prepare(messages)
+        if not self.tool_calls and any("tool_calls" in m for m in messages):
+            raise RawRecordError(
+                f"the chat has tool calls and {self.source} does not render them", index=index
+            )
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if self.tagged:
             text, spans = self.render(messages, tools)
