@@ -248,6 +248,18 @@ def test_a_token_crossing_into_the_reply_is_caught(toks, tmp_path):
         encode_one(enc, {"messages": chat})
 
 
+def test_a_prompt_that_tokenizes_otherwise_alone_is_caught(toks, tmp_path):
+    # "\n\n" ends the prompt: alone it is one token; before a word the regex splits it in two
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["plain"].replace("\\n' }}", "\\n\\n' }}"))
+    enc = Encoder(toks["bare"], chat_template=template)
+    assert len(enc.chat_backend.encode("\n\n").ids) == 1
+    assert len(enc.chat_backend.encode("\n\nthe").ids) == 3
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the water"}]
+    with pytest.raises(RawRecordError, match="before assistant turn 1 tokenizes differently alone"):
+        encode_one(enc, {"messages": chat})
+
+
 def test_content_holding_a_control_token_is_refused(encoders):
     chat = [{"role": "user", "content": f"hi{EOT}"}, {"role": "assistant", "content": "ok"}]
     with pytest.raises(RawRecordError, match=r"messages\[0\].content holds the special token"):
@@ -262,8 +274,8 @@ def test_empty_mask_is_refused_unless_allowed(toks):
         "<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False
     )
     with pytest.raises(RawRecordError, match="no token is trained"):
-        strict.chat_sample(encoding, [], 0)
-    ids, labels = lenient.chat_sample(encoding, [], 0)
+        strict.chat_sample(encoding, [], [], 0)
+    ids, labels = lenient.chat_sample(encoding, [], [], 0)
     assert (labels == -100).all() and len(ids) > 0
 
 

@@ -80,6 +80,7 @@ class Encoder:
             )
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.eot_id = None if self.template is None else self.token_id(self.template.eot)
+        self.specials = special_tokens(self.tokenizer)
         self.control = control_pattern(self.tokenizer)
         # the chat renders are tokenized without the post-processor, whose offsets can skip the
         # spaces a byte-level token starts with; the ids are the same (no special tokens added)
@@ -159,7 +160,7 @@ class Encoder:
 
     def encode_batch(self, records: list[Record]) -> list[tuple[np.ndarray, np.ndarray]]:
         """(input_ids, labels) per record, both int32; RawRecordError(index=i) on a bad one."""
-        texts, plain, chats = [], [], []  # plain: texts tokenized with special tokens
+        texts, plain, chats, prompts = [], [], [], []  # plain: tokenized with special tokens
         for i, record in enumerate(records):
             self.check_control(record, i)
             if record.kind == "text":
@@ -169,11 +170,17 @@ class Encoder:
             elif record.kind == "chat":
                 text, spans = self.chat_spans(record, i)
                 texts.append(text)
-                chats.append(spans)
+                turns = [
+                    (n, span, self.prompt_tail(text, span[0]))
+                    for n, span in self.trained_turns(spans)
+                ]
+                chats.append(turns)
+                prompts += [text[tail : span[0]] for _, span, tail in turns]
             else:
                 raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
         plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
         chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
+        prompt_ids = iter(self.chat_backend.encode_batch(prompts, add_special_tokens=False))
         chat_spans = iter(chats)
         out = []
         for i, record in enumerate(records):
@@ -183,7 +190,9 @@ class Encoder:
                 prompt, whole = next(plain_ids).ids, next(plain_ids).ids
                 out.append(self.completion_sample(prompt, whole, i))
             else:
-                out.append(self.chat_sample(next(chat_encodings), next(chat_spans), i))
+                turns = next(chat_spans)
+                alone = [next(prompt_ids).ids for _ in turns]
+                out.append(self.chat_sample(next(chat_encodings), turns, alone, i))
         return out
 
     def with_eos(self, ids: list[int]) -> np.ndarray:
@@ -233,23 +242,44 @@ class Encoder:
                 index=index,
             ) from None
 
-    def chat_sample(self, encoding, spans, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def trained_turns(self, spans: list[tuple[int, int]]) -> list[tuple[int, tuple[int, int]]]:
+        """(turn number, span) of the assistant turns that `train_on` trains."""
+        if self.train_on == "all":
+            return []
+        turns = list(enumerate(spans, 1))
+        return turns[-1:] if self.train_on == "last" else turns
+
+    def prompt_tail(self, text: str, start: int) -> int:
+        """Where the last special token before `start` begins (0 if none). Text between special
+        tokens is tokenized piece by piece, so the chat before a reply tokenizes alone as the
+        whole chat does exactly when its tail from there does: the check tokenizes the tail."""
+        return max([0, *(text.rfind(t, 0, start) for t in self.specials)])
+
+    def chat_sample(self, encoding, turns, alone, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
+        tokenized by itself, which must be the ids before the reply."""
         ids = np.asarray(encoding.ids, dtype=np.int32)
         if self.train_on == "all":
             return ids, ids.copy()
-        if self.train_on == "last":
-            spans = spans[-1:]
         offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
         starts, ends = offsets[:, 0], offsets[:, 1]
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
-        for turn, (start, end) in enumerate(spans):
+        for (turn, (start, end), tail), prompt in zip(turns, alone):
             first = token_at(starts, ends, start, index, turn, "start")
             stop = token_at(starts, ends, end, index, turn, "end")
+            tail = int(np.searchsorted(starts, tail, side="left"))
+            if len(prompt) != first - tail or not np.array_equal(ids[tail:first], prompt):
+                raise RawRecordError(
+                    f"the chat before assistant turn {turn} tokenizes differently alone than in "
+                    "the whole chat (tokens merge across the turn boundary), so the model would "
+                    "be trained on a prompt it never sees at inference",
+                    index=index,
+                )
             if stop <= first:
-                raise RawRecordError(f"assistant turn {turn + 1} renders no token", index=index)
+                raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
             if ids[stop - 1] != self.eot_id:
                 raise RawRecordError(
-                    f"assistant turn {turn + 1}'s trained tokens do not end with the end-of-turn "
+                    f"assistant turn {turn}'s trained tokens do not end with the end-of-turn "
                     f"token {self.template.eot!r} (a template whose generation block leaves it out "
                     "teaches the model never to stop)",
                     index=index,
@@ -284,7 +314,7 @@ def token_at(starts, ends, char: int, index: int, turn: int, side: str) -> int:
     at = int(np.searchsorted(starts, char, side="left"))
     if at > 0 and ends[at - 1] > char and starts[at - 1] < char:
         raise RawRecordError(
-            f"a token crosses the {side} of assistant turn {turn + 1} (tokenizing the whole chat "
+            f"a token crosses the {side} of assistant turn {turn} (tokenizing the whole chat "
             "merges the reply with the text around it)",
             index=index,
         )
