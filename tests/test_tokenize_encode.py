@@ -441,3 +441,39 @@ def test_spec_rebuilds_the_encoder_in_another_process(toks, tmp_path):
     changed = dict(spec, fingerprint="0" * 64)
     with pytest.raises(TokenizerError, match="changed since the run started"):
         Encoder.from_spec(changed)
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            {"role": "user", "content": "x", "tool_calls": [CALL]},
+            "only assistant messages make tool calls",
+        ),
+        (
+            {"role": "assistant", "content": None, "tool_calls": []},
+            "tool_calls must be a non-empty list",
+        ),
+        (
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {}}]},
+            "must have a function with a name",
+        ),
+        ({"role": "assistant", "content": None}, "messages[1].content must be a string, got null"),
+    ],
+)
+def test_bad_tool_calls_are_refused(message, error):
+    with pytest.raises(RawRecordError) as info:
+        to_record({"messages": [{"role": "user", "content": "hi"}, message]})
+    assert error in str(info.value)
+
+
+def test_cli_names_the_flags(toks, tmp_path):
+    from packer.errors import flag_names
+
+    with flag_names():
+        with pytest.raises(TokenizerError, match=r"^--tokenizer: \./nope is not a directory$"):
+            Encoder("./nope")
+        with pytest.raises(TemplateError, match=r"^--chat-template: cannot read "):
+            Encoder(toks["bare"], chat_template=tmp_path / "missing.jinja")
+        with pytest.raises(UsageError, match="--train-on"):
+            Encoder(toks["bare"], train_on="x")

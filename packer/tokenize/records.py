@@ -21,6 +21,7 @@ SHAREGPT_ROLES = {
     "user": "user",
     "gpt": "assistant",
     "assistant": "assistant",
+    "function_call": "assistant",  # LLaMA-Factory's ShareGPT: a call written as the reply
     "tool": "tool",
     "function": "tool",
     "observation": "tool",
