@@ -233,7 +233,7 @@ def test_generation_block_that_leaves_out_the_end_of_turn_is_caught(toks, tmp_pa
     assert template.read_text() != TEMPLATES["tagged"]
     enc = Encoder(toks["bare"], chat_template=template)
     with pytest.raises(
-        RawRecordError, match="do not end with the end-of-turn token '<\\|im_end\\|>'"
+        RawRecordError, match="do not end with an end-of-turn token such as '<\\|im_end\\|>'"
     ):
         encode_one(enc, {"messages": CHAT})
 

@@ -80,6 +80,11 @@ class Encoder:
             )
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.eot_id = None if self.template is None else self.token_id(self.template.eot)
+        # a turn may end with another special token than the probe's (gpt-oss ends the last
+        # reply with <|return|>, earlier ones with <|end|>): any special token ends a turn
+        self.special_ids = frozenset(
+            self.tokenizer.convert_tokens_to_ids(special_tokens(self.tokenizer))
+        )
         self.specials = special_tokens(self.tokenizer)
         self.control = control_pattern(self.tokenizer)
         # the chat renders are tokenized without the post-processor, whose offsets can skip the
@@ -277,11 +282,11 @@ class Encoder:
                 )
             if stop <= first:
                 raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
-            if ids[stop - 1] != self.eot_id:
+            if int(ids[stop - 1]) not in self.special_ids:
                 raise RawRecordError(
-                    f"assistant turn {turn}'s trained tokens do not end with the end-of-turn "
-                    f"token {self.template.eot!r} (a template whose generation block leaves it out "
-                    "teaches the model never to stop)",
+                    f"assistant turn {turn}'s trained tokens do not end with an end-of-turn "
+                    f"token such as {self.template.eot!r} (a template whose generation block "
+                    "leaves it out teaches the model never to stop)",
                     index=index,
                 )
             labels[first:stop] = ids[first:stop]
