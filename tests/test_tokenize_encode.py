@@ -477,3 +477,31 @@ def test_cli_names_the_flags(toks, tmp_path):
             Encoder(toks["bare"], chat_template=tmp_path / "missing.jinja")
         with pytest.raises(UsageError, match="--train-on"):
             Encoder(toks["bare"], train_on="x")
+
+
+def test_skip_errors_keeps_the_good_records_and_returns_the_errors(encoders):
+    enc = encoders["plain"]
+    rows = [
+        {"text": "the oil"},
+        {"text": f"a{EOT}"},  # refused before rendering
+        {"messages": CHAT},
+        {"prompt": "the water ", "completion": "is wet"},  # refused after tokenizing
+        {"prompt": "a", "completion": " b"},
+    ]
+    records = [to_record(r) for r in rows]
+    with pytest.raises(RawRecordError) as info:
+        enc.encode_batch(records)
+    assert info.value.index == 1
+    out = enc.encode_batch(records, skip_errors=True)
+    assert [type(o).__name__ for o in out] == [
+        "tuple",
+        "RawRecordError",
+        "tuple",
+        "RawRecordError",
+        "tuple",
+    ]
+    assert out[1].index == 1 and out[3].index == 3 and "not a prefix" in str(out[3])
+    for i in (0, 2, 4):
+        assert all((a == b).all() for a, b in zip(out[i], encode_one(enc, rows[i])))
+    with pytest.raises(RawRecordError, match="unknown record kind 'image'"):
+        enc.encode_batch([Record("image")])

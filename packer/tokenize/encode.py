@@ -163,17 +163,31 @@ class Encoder:
 
     # ------------------------------------------------------------------ encoding
 
-    def encode_batch(self, records: list[Record]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(input_ids, labels) per record, both int32; RawRecordError(index=i) on a bad one."""
+    def encode_batch(
+        self, records: list[Record], *, skip_errors: bool = False
+    ) -> list[tuple[np.ndarray, np.ndarray] | RawRecordError]:
+        """(input_ids, labels) per record, both int32. A bad record raises
+        RawRecordError(index=i); with `skip_errors`, its entry is that error instead and the
+        others are encoded (`--on-error skip`). A refused template always raises."""
+        out: list = [None] * len(records)
         texts, plain, chats, prompts = [], [], [], []  # plain: tokenized with special tokens
         for i, record in enumerate(records):
-            self.check_control(record, i)
+            try:
+                if record.kind not in ("text", "completion", "chat"):
+                    raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
+                self.check_control(record, i)
+                if record.kind == "chat":
+                    text, spans = self.chat_spans(record, i)
+            except RawRecordError as e:
+                if not skip_errors:
+                    raise
+                out[i] = e
+                continue
             if record.kind == "text":
                 plain.append(record.text)
             elif record.kind == "completion":
                 plain += [record.prompt, record.prompt + record.completion]
-            elif record.kind == "chat":
-                text, spans = self.chat_spans(record, i)
+            else:
                 texts.append(text)
                 turns = [
                     (n, span, self.prompt_tail(text, span[0]))
@@ -181,23 +195,27 @@ class Encoder:
                 ]
                 chats.append(turns)
                 prompts += [text[tail : span[0]] for _, span, tail in turns]
-            else:
-                raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
         plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
         chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
         prompt_ids = iter(self.chat_backend.encode_batch(prompts, add_special_tokens=False))
         chat_spans = iter(chats)
-        out = []
         for i, record in enumerate(records):
-            if record.kind == "text":
-                out.append(self.text_sample(next(plain_ids).ids))
-            elif record.kind == "completion":
-                prompt, whole = next(plain_ids).ids, next(plain_ids).ids
-                out.append(self.completion_sample(prompt, whole, i))
-            else:
-                turns = next(chat_spans)
-                alone = [next(prompt_ids).ids for _ in turns]
-                out.append(self.chat_sample(next(chat_encodings), turns, alone, i))
+            if out[i] is not None:
+                continue
+            try:
+                if record.kind == "text":
+                    out[i] = self.text_sample(next(plain_ids).ids)
+                elif record.kind == "completion":
+                    prompt, whole = next(plain_ids).ids, next(plain_ids).ids
+                    out[i] = self.completion_sample(prompt, whole, i)
+                else:
+                    turns, encoding = next(chat_spans), next(chat_encodings)
+                    alone = [next(prompt_ids).ids for _ in turns]
+                    out[i] = self.chat_sample(encoding, turns, alone, i)
+            except RawRecordError as e:
+                if not skip_errors:
+                    raise
+                out[i] = e
         return out
 
     def with_eos(self, ids: list[int]) -> np.ndarray:
