@@ -505,3 +505,20 @@ def test_skip_errors_keeps_the_good_records_and_returns_the_errors(encoders):
         assert all((a == b).all() for a, b in zip(out[i], encode_one(enc, rows[i])))
     with pytest.raises(RawRecordError, match="unknown record kind 'image'"):
         enc.encode_batch([Record("image")])
+
+
+@pytest.mark.parametrize("name", ["tagged", "plain"])
+def test_conversational_prompt_completion_trains_the_completion_only(encoders, name):
+    enc = encoders[name]
+    row = {"prompt": CHAT[:4], "completion": CHAT[4:]}
+    record = to_record(row)
+    assert record.kind == "chat" and record.train_from == 4 and record.messages == tuple(CHAT)
+    ids, labels = encode_one(enc, row)
+    assert (ids == encode_one(enc, {"messages": CHAT})[0]).all()
+    assert trained(enc, ids, labels) == f"it is 4\nsee: 2 + 2 = 4{EOT}"
+    with pytest.raises(RawRecordError, match="the completion has no assistant turn"):
+        to_record({"prompt": CHAT[:3], "completion": [CHAT[3]]})
+    with pytest.raises(
+        RawRecordError, match="completion must be a list of messages like prompt, got str"
+    ):
+        to_record({"prompt": CHAT[:4], "completion": "x"})

@@ -191,7 +191,7 @@ class Encoder:
                 texts.append(text)
                 turns = [
                     (n, span, self.prompt_tail(text, span[0]))
-                    for n, span in self.trained_turns(spans)
+                    for n, span in self.trained_turns(record, spans)
                 ]
                 chats.append(turns)
                 prompts += [text[tail : span[0]] for _, span, tail in turns]
@@ -265,11 +265,17 @@ class Encoder:
                 index=index,
             ) from None
 
-    def trained_turns(self, spans: list[tuple[int, int]]) -> list[tuple[int, tuple[int, int]]]:
-        """(turn number, span) of the assistant turns that `train_on` trains."""
+    def trained_turns(self, record: Record, spans) -> list[tuple[int, tuple[int, int]]]:
+        """(turn number, span) of the assistant turns that `train_on` trains; a conversational
+        prompt's turns (before `record.train_from`) are context, never trained."""
         if self.train_on == "all":
             return []
-        turns = list(enumerate(spans, 1))
+        replies = [i for i, m in enumerate(record.messages) if m["role"] == "assistant"]
+        turns = [
+            (n, span)
+            for n, (i, span) in enumerate(zip(replies, spans), 1)
+            if i >= record.train_from
+        ]
         return turns[-1:] if self.train_on == "last" else turns
 
     def prompt_tail(self, text: str, start: int) -> int:
