@@ -6,7 +6,9 @@ renders, with no masks and no checks.
 
 The tokenizer is a byte-level BPE trained on the spot (tests/tokenizers_util.py, no hub), with
 ChatML with generation tags (`tagged`) or without (`plain`: masks by prefix rendering). Each
-side runs `--repeat` times; the best time is reported, since times here swing with the load.
+side runs `--repeat` times, the two interleaved; the best CPU time of each (this process's, all
+its threads) is reported, since wall times here swing with the load. Set RAYON_NUM_THREADS=1 for
+the tokenizer's one-core figure.
 """
 
 from __future__ import annotations
@@ -25,13 +27,10 @@ from tokenizers_util import TEMPLATES, build_tokenizer, generated_chat  # noqa: 
 from packer.tokenize import Encoder, to_record  # noqa: E402
 
 
-def best(fn, repeat: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - start)
-    return min(times), out
+def timed(fn) -> tuple[float, object]:
+    start = time.process_time()
+    out = fn()
+    return time.process_time() - start, out
 
 
 def main() -> None:
@@ -64,8 +63,9 @@ def main() -> None:
             len(ids) for b in batches for ids, _ in encoder.encode_batch([records[i] for i in b])
         )
 
-    base_s, tokens = best(baseline, args.repeat)
-    enc_s, encoded = best(encode, args.repeat)
+    runs = [(timed(baseline), timed(encode)) for _ in range(args.repeat)]  # interleaved
+    base_s, tokens = min(b for b, _ in runs)
+    enc_s, encoded = min(e for _, e in runs)
     assert encoded == tokens, (encoded, tokens)
     print(
         f"{args.chats} chats, {tokens:,} tokens, template {args.template} ({encoder.template.method})"

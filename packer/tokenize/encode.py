@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from bisect import bisect_left
 
 import numpy as np
 
@@ -287,17 +288,17 @@ class Encoder:
     def chat_sample(self, encoding, turns, alone, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
         tokenized by itself, which must be the ids before the reply."""
-        ids = np.asarray(encoding.ids, dtype=np.int32)
+        ids = np.array(encoding.ids, dtype=np.int32)
         if self.train_on == "all":
             return ids, ids.copy()
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-        starts, ends = offsets[:, 0], offsets[:, 1]
+        token_ids, offsets = encoding.ids, encoding.offsets  # lists: a chat is short
+        starts = [start for start, _ in offsets]
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
         for (turn, (start, end), tail), prompt in zip(turns, alone):
-            first = token_at(starts, ends, start, index, turn, "start")
-            stop = token_at(starts, ends, end, index, turn, "end")
-            tail = int(np.searchsorted(starts, tail, side="left"))
-            if len(prompt) != first - tail or not np.array_equal(ids[tail:first], prompt):
+            first = token_at(starts, offsets, start, index, turn, "start")
+            stop = token_at(starts, offsets, end, index, turn, "end")
+            tail = bisect_left(starts, tail)
+            if token_ids[tail:first] != prompt:
                 raise RawRecordError(
                     f"the chat before assistant turn {turn} tokenizes differently alone than in "
                     "the whole chat (tokens merge across the turn boundary), so the model would "
@@ -306,7 +307,7 @@ class Encoder:
                 )
             if stop <= first:
                 raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
-            if int(ids[stop - 1]) not in self.special_ids:
+            if token_ids[stop - 1] not in self.special_ids:
                 raise RawRecordError(
                     f"assistant turn {turn}'s trained tokens do not end with an end-of-turn "
                     f"token such as {self.template.eot!r} (a template whose generation block "
@@ -338,10 +339,10 @@ class Encoder:
                 )
 
 
-def token_at(starts, ends, char: int, index: int, turn: int, side: str) -> int:
+def token_at(starts, offsets, char: int, index: int, turn: int, side: str) -> int:
     """The first token that starts at or after `char`; RawRecordError if a token crosses it."""
-    at = int(np.searchsorted(starts, char, side="left"))
-    if at > 0 and ends[at - 1] > char and starts[at - 1] < char:
+    at = bisect_left(starts, char)
+    if at > 0 and offsets[at - 1][1] > char and starts[at - 1] < char:
         raise RawRecordError(
             f"a token crosses the {side} of assistant turn {turn} (tokenizing the whole chat "
             "merges the reply with the text around it)",

@@ -4,8 +4,8 @@ The kind is detected per row, so one file may mix them: OpenAI chats (`messages`
 `role`/`content`), ShareGPT chats (`conversations` with `from`/`value`), Alpaca records
 (`instruction`, optional `input`, `output`: a one-turn chat), plain `text`, and
 `prompt`/`completion` pairs (strings, or TRL's conversational pairs: two lists of messages,
-of which only the completion's replies are trained). A column that is absent or null does not count, so a Parquet file
-whose rows are of several kinds (nulls elsewhere) works. A row is refused with one line saying
+of which only the completion's replies are trained). A column that is absent or null does not
+count, so a Parquet file whose rows are of several kinds (nulls elsewhere) works. A row is refused with one line saying
 what is wrong and where in the row; the caller adds the file and line.
 """
 
