@@ -46,7 +46,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
-ENCODING_VERSION = 1  # bump when the same inputs and options would give other ids or labels
+ENCODING_VERSION = 2  # bump when the same inputs and options would give other ids or labels
 
 
 class Encoder:
