@@ -522,3 +522,22 @@ def test_conversational_prompt_completion_trains_the_completion_only(encoders, n
         RawRecordError, match="completion must be a list of messages like prompt, got str"
     ):
         to_record({"prompt": CHAT[:4], "completion": "x"})
+
+
+def test_an_unreachable_hub_fails_at_once_in_one_line(monkeypatch):
+    import time
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    start = time.monotonic()
+    with pytest.raises(TokenizerError) as info:
+        Encoder("no-such-org/no-such-model")
+    assert time.monotonic() - start < 20  # no minute of retries
+    text = str(info.value)
+    assert (
+        "cannot be loaded from the Hugging Face hub: the hub is unreachable (127.0.0.1:9: " in text
+    )
+    assert "\n" not in text
