@@ -28,6 +28,7 @@ import hashlib
 import json
 import re
 from bisect import bisect_left
+from pathlib import Path
 
 import numpy as np
 
@@ -108,8 +109,9 @@ class Encoder:
     def spec(self) -> dict:
         """What `from_spec` needs to rebuild this encoder in another process (plain values);
         the template travels as text, so a worker need not see the file."""
+        local = Path(self.source).expanduser()
         return {
-            "tokenizer": self.source,
+            "tokenizer": str(local.resolve()) if local.is_dir() else self.source,  # any cwd
             "chat_template": self.chat_template,
             "template_text": self.template_text if self.chat_template else None,
             "train_on": self.train_on,
