@@ -541,3 +541,35 @@ def test_an_unreachable_hub_fails_at_once_in_one_line(monkeypatch):
         "cannot be loaded from the Hugging Face hub: the hub is unreachable (127.0.0.1:9: " in text
     )
     assert "\n" not in text
+
+
+def test_a_template_that_drops_a_message_is_caught(toks, tmp_path):
+    template = tmp_path / "t.jinja"  # system prompts are left out
+    template.write_text(
+        TEMPLATES["plain"].replace(
+            "{%- for message in messages %}",
+            "{%- for message in messages if message['role'] != 'system' %}",
+        )
+    )
+    enc = Encoder(toks["bare"], chat_template=template)
+    with pytest.raises(
+        RawRecordError, match=r"does not render messages\[0\]'s content in the render"
+    ):
+        encode_one(enc, {"messages": CHAT})
+    assert (
+        trained(enc, *encode_one(enc, {"messages": CHAT[1:]}))
+        == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"
+    )
+
+
+def test_generation_tags_around_the_wrong_text_are_caught(toks, tmp_path):
+    template = tmp_path / "t.jinja"  # the tags mark the header, the reply falls outside
+    template.write_text(
+        TEMPLATES["tagged"].replace(
+            "{%- generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}",
+            "{%- generation %}{{ 'ok' }}{% endgeneration %}{{ message['content'] + '<|im_end|>' }}",
+        )
+    )
+    enc = Encoder(toks["bare"], chat_template=template)
+    with pytest.raises(RawRecordError, match=r"messages\[2\]'s content in its trained span"):
+        encode_one(enc, {"messages": CHAT})

@@ -157,7 +157,9 @@ class ChatTemplate:
                     f"chat with {len(turns)} assistant turns",
                     index=index,
                 )
-            return text, [tuple(s) for s in spans]
+            spans = [tuple(s) for s in spans]
+            check_rendered(messages, text, dict(zip(turns, spans)), index)
+            return text, spans
         messages = plain_chat(messages)
         text = self.render_plain(messages, tools)
         spans = []
@@ -172,6 +174,7 @@ class ChatTemplate:
                     index=index,
                 )
             spans.append((len(start), self.reply_end(text, len(start), len(end))))
+        check_rendered(messages, text, dict(zip(turns, spans)), index)
         return text, spans
 
     def reply_end(self, text: str, start: int, end: int) -> int:
@@ -180,6 +183,23 @@ class ChatTemplate:
         if at >= 0 and not text[at + len(self.eot) : end].strip():
             return at + len(self.eot)
         return end
+
+
+def check_rendered(messages, text: str, spans: dict, index: int) -> None:
+    """Every message's text is in the render, and every reply's inside its trained span: a
+    template that drops a message, or marks the wrong characters, is caught on the chat."""
+    for i, message in enumerate(messages):
+        content = message["content"]
+        parts = [content] if isinstance(content, str) else [p["text"] for p in content]
+        start, end = spans.get(i, (0, len(text)))
+        for part in parts:
+            part = part.strip()
+            if part and text.find(part, start, end) < 0:
+                where = "its trained span" if i in spans else "the render"
+                raise RawRecordError(
+                    f"the chat template does not render messages[{i}]'s content in {where}",
+                    index=index,
+                )
 
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
