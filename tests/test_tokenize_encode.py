@@ -573,3 +573,16 @@ def test_generation_tags_around_the_wrong_text_are_caught(toks, tmp_path):
     enc = Encoder(toks["bare"], chat_template=template)
     with pytest.raises(RawRecordError, match=r"messages\[2\]'s content in its trained span"):
         encode_one(enc, {"messages": CHAT})
+
+
+def test_a_template_that_raises_on_a_chat_names_the_chat(toks, tmp_path):
+    template = tmp_path / "t.jinja"
+    check = "{%- if messages and messages[0]['role'] == 'assistant' %}{{ raise_exception('roles must alternate') }}{%- endif %}"
+    template.write_text(check + TEMPLATES["plain"])
+    enc = Encoder(toks["bare"], chat_template=template)
+    chat = [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "hi"}]
+    records = [to_record({"messages": CHAT}), to_record({"messages": chat})]
+    with pytest.raises(RawRecordError) as info:
+        enc.encode_batch(records)
+    assert str(info.value) == "the chat template fails on this chat: roles must alternate"
+    assert info.value.index == 1
