@@ -10,12 +10,14 @@ first label of every sample), -100 where nothing is trained:
 - chat: the whole render tokenized once; each assistant turn (`train_on="assistant"`), the last
   one (`"last"`) or every token (`"all"`) trained.
 
-Checks on every chat, never warnings (each a `RawRecordError` or `TemplateError` with the
-record's `index`): no token crosses the start or end of a trained span (so the ids are those of
-the whole render, and the prompt before a reply tokenizes the same alone), every trained turn
-ends with the end-of-turn token, and no sample has an empty mask unless `allow_empty_mask`.
-A content string holding a special token's text (`<|im_end|>`) is refused: it would be read as
-a control token.
+Checks on every chat, never warnings (each a `RawRecordError`, or a `TemplateError` for a
+template that rewrites earlier turns, with the record's `index`): every message's text is in
+the render and every reply inside its trained span; no token crosses the start or end of a
+trained span, and the chat before each trained reply tokenizes alone to the ids before it (the
+ids are the whole render's, and the prompt is the one the model sees at inference); every
+trained turn ends with a special token (the end-of-turn token); no sample has an empty mask
+unless `allow_empty_mask`. A content string holding a special token's text (`<|im_end|>`) is
+refused: it would be read as a control token.
 
 `encode_batch` renders every record, then tokenizes the batch in one call of the fast tokenizer;
 one `Encoder` per worker process (`Encoder.from_spec`), since one tokenizer shared by threads
@@ -84,10 +86,8 @@ class Encoder:
         self.eot_id = None if self.template is None else self.token_id(self.template.eot)
         # a turn may end with another special token than the probe's (gpt-oss ends the last
         # reply with <|return|>, earlier ones with <|end|>): any special token ends a turn
-        self.special_ids = frozenset(
-            self.tokenizer.convert_tokens_to_ids(special_tokens(self.tokenizer))
-        )
         self.specials = special_tokens(self.tokenizer)
+        self.special_ids = frozenset(self.tokenizer.convert_tokens_to_ids(self.specials))
         self.control = control_pattern(self.tokenizer)
         # the chat renders are tokenized without the post-processor, whose offsets can skip the
         # spaces a byte-level token starts with; the ids are the same (no special tokens added)
