@@ -586,3 +586,16 @@ def test_a_template_that_raises_on_a_chat_names_the_chat(toks, tmp_path):
         enc.encode_batch(records)
     assert str(info.value) == "the chat template fails on this chat: roles must alternate"
     assert info.value.index == 1
+
+
+def test_a_rows_tools_reach_the_template(toks, tmp_path):
+    template = tmp_path / "t.jinja"
+    header = "{%- if tools %}{{- '<|im_start|>system\\n' + (tools | tojson) + '<|im_end|>\\n' }}{%- endif %}"
+    template.write_text(header + TEMPLATES["plain"])
+    enc = Encoder(toks["bare"], chat_template=template)
+    tools = [{"type": "function", "function": {"name": "weather"}}]
+    ids, labels = encode_one(enc, {"messages": CHAT[1:3], "tools": tools})
+    assert enc.tokenizer.decode(ids.tolist()).startswith('<|im_start|>system\n[{"type": "function"')
+    assert trained(enc, ids, labels) == f"fine, café ☕{EOT}"
+    with pytest.raises(RawRecordError, match="tools must be a list of tool definitions"):
+        to_record({"messages": CHAT, "tools": "weather"})
