@@ -599,3 +599,13 @@ def test_a_rows_tools_reach_the_template(toks, tmp_path):
     assert trained(enc, ids, labels) == f"fine, café ☕{EOT}"
     with pytest.raises(RawRecordError, match="tools must be a list of tool definitions"):
         to_record({"messages": CHAT, "tools": "weather"})
+
+
+@pytest.mark.parametrize("name", ["tagged", "plain", "tools"])
+def test_the_direct_render_equals_transformers_renderer(toks, name):
+    fast, slow = Encoder(toks[name]), Encoder(toks[name])
+    assert fast.template.compiled is not None
+    slow.template.compiled = None  # every render through render_jinja_template
+    rows = [{"messages": CHAT}, {"messages": TOOL_CHAT if name == "tools" else CHAT[1:3]}]
+    for row in rows:
+        assert all((a == b).all() for a, b in zip(encode_one(fast, row), encode_one(slow, row)))
