@@ -5,6 +5,7 @@ verify checks (structure and attention) on rows as a trainer's reader yields the
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,11 @@ def consumer(python: Path, *args: str):
         capture_output=True,
         text=True,
         timeout=300,
+        # packer itself (its collate, its checks) is imported from this checkout, not installed
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+        },
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout) if out.stdout else None
