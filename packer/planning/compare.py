@@ -16,7 +16,7 @@ from packer.planning.balance import DEFAULT_HIDDEN_SIZE, compare_balance
 from packer.planning.choices import ROW_ORDERS, STRATEGIES
 from packer.planning.cp import cp_cost, pad_to_multiple
 from packer.planning.multiple import cp_multiple
-from packer.planning.row_order import WHOLE, order_rows
+from packer.planning.row_order import order_plan_rows
 from packer.planning.strategies import Plan, lower_bound, martello_toth_bound, plan
 
 
@@ -92,7 +92,7 @@ def compare_strategies(
             entry["global_rows"] = global_rows
             entry["window_cost"] = round(rows / global_rows - 1, 6) if global_rows else 0.0
         if world_size is not None:
-            rows_plan = order_rows(rows_plan, row_order, seed, WHOLE)
+            rows_plan = order_plan_rows(rows_plan, row_order, seed, window)
             effs = compare_balance(
                 rows_plan.row_starts,
                 lengths[rows_plan.order],

@@ -57,6 +57,24 @@ def order_rows(pl: Plan, row_order: str, seed: int, *key: int) -> Plan:
     return reorder_rows(pl, row_permutation(pl.num_rows, seed, *key))
 
 
+def order_plan_rows(pl: Plan, row_order: str, seed: int, window: int | None = None) -> Plan:
+    """The rows of a one-plan run (`plan(..., window=)` of `pl.order.size` items) in
+    `row_order`: the whole plan permuted; with `window` (and more than one window), each
+    window's rows permuted within the window, as a streamed `pack_dataset` can order them,
+    so that both give the same rows in the same order."""
+    n = pl.order.size
+    if row_order == "plan" or window is None or window >= n:
+        return order_rows(pl, row_order, seed, WHOLE)
+    # a window's items are consecutive, so are its rows: a row's window is its first item's
+    first = pl.order[pl.row_starts[:-1]] // window
+    bounds = np.flatnonzero(np.diff(first)) + 1
+    starts = np.concatenate([[0], bounds, [pl.num_rows]]).astype(np.int64)
+    perm = np.empty(pl.num_rows, np.int64)
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        perm[a:b] = a + row_permutation(b - a, seed, WINDOW, int(first[a]))
+    return reorder_rows(pl, perm)
+
+
 def order_shards(entries: list, row_order: str, seed: int) -> list:
     """A block run's shards in the order its manifest lists them (which readers follow): the
     blocks' and tail groups' shards mixed by a permutation of (seed), or as written."""
