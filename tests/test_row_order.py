@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 import packer
 from packer.config import PackConfig
+from packer.contract.manifest import FORMAT_VERSIONS
 from packer.errors import OptionError, UsageError
 from packer.planning.row_order import (
     order_plan_rows,
@@ -358,17 +359,23 @@ def test_format_1_outputs_are_read_and_repack_in_their_order(tmp_path):
     for shard in manifest["shards"]:
         assert (again / shard["file"]).read_bytes() == (out / shard["file"]).read_bytes()
 
+    assert max(FORMAT_VERSIONS) == FORMAT_VERSION  # the writer's is one the readers read
     manifest["format_version"] = 3
     path.write_text(json.dumps(manifest))
-    r = subprocess.run(
-        [sys.executable, "-m", "packer", "verify", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 2, r.stderr
-    (line,) = r.stderr.strip().splitlines()
-    assert "format_version 3" in line and "upgrade packer" in line
+    for args in (
+        ["verify", out],
+        ["inspect", out],
+        ["pack", out, "--repack", "-L", "4096", "-o", tmp_path / "re"],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "packer", *map(str, args)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 2, (args, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert "format_version 3" in line and "upgrade packer" in line, line
 
 
 def test_bad_row_order_is_one_line_naming_the_option(cli, tmp_path):

@@ -98,7 +98,7 @@ def parse_manifest(data: bytes, path: Path) -> dict:
         raise UsageError(f"manifest.json is not valid JSON ({exc})", where=str(path)) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
         raise UsageError("manifest.json has no 'shards' list", where=str(path))
-    _check_version(manifest, path)
+    check_format_version(manifest, path)
     _check_fields(manifest, path)
     return manifest
 
@@ -109,7 +109,8 @@ def parse_manifest(data: bytes, path: Path) -> dict:
 FORMAT_VERSIONS = (1, 2)
 
 
-def _check_version(manifest: dict, path: Path) -> None:
+def check_format_version(manifest: dict, path: Path) -> None:
+    """A manifest of a format this packer reads (refused in one line otherwise)."""
     version = manifest.get("format_version", 1)
     if version in FORMAT_VERSIONS and not isinstance(version, bool):
         return
