@@ -22,7 +22,7 @@ from packer.arguments import (
 from packer.contract.names import POLICIES
 from packer.errors import UsageError, option
 from packer.hashing import ALGORITHMS
-from packer.planning.choices import STRATEGIES
+from packer.planning.choices import ROW_ORDERS, STRATEGIES
 from packer.planning.multiple import cp_multiple, multiple_text
 
 ON_ERROR = ("error", "skip")
@@ -46,6 +46,9 @@ class PackConfig:
     pad_id: int = 0
     seed: int = 0
     window: int | None = None
+    # "shuffle": rows written in a permutation seeded by `seed` (packer.planning.row_order);
+    # "plan": in the planner's order (longest rows first for the decreasing strategies)
+    row_order: str = "shuffle"
     input_column: str = DEFAULT_INPUT
     # read when the input has it; a labels column that was named must be there (packer.read.columns)
     labels_column: str | None = DEFAULT_LABELS
@@ -88,6 +91,7 @@ class PackConfig:
         if self.max_len > 2**30:
             raise UsageError(f"{option('max_len')} {self.max_len} is too large (at most 2^30)")
         A.choice(self.strategy, "strategy", STRATEGIES)
+        A.choice(self.row_order, "row_order", ROW_ORDERS)
         A.choice(self.overlength, "overlength", POLICIES)
         A.choice(self.on_error, "on_error", ON_ERROR)
         A.choice(self.hash, "hash", ALGORITHMS)
@@ -246,8 +250,9 @@ def load_yaml(path: str | Path) -> dict:
     )
     data_inputs = data.get("inputs")
     if manifest:
-        # a packer manifest (JSON is YAML): its config section packs again exactly as it was
-        data = data["config"]
+        # a packer manifest (JSON is YAML): its config section packs again exactly as it was;
+        # outputs of format 1 have no row_order and were written in the plan's order
+        data = {"row_order": "plan", **data["config"]}
     values = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")

@@ -10,10 +10,13 @@ machines swing a lot.
   `save_to_disk`; TRL's "bfd" truncates over-length samples, like packer's `truncate`
   (`--trl-strategy bfd_split` compares with packer's `split` instead: no token lost);
 - in memory, without I/O: packer's plan + gather of the loaded table vs TRL's `pack_dataset` call;
-- JSONL parsing: packer's reader vs pyarrow's multithreaded JSON reader on the same file.
+- JSONL parsing: packer's reader vs pyarrow's multithreaded JSON reader on the same file;
+- with `--row-order`: packer with `--row-order plan` beside the default shuffled order, and
+  the shuffle of the plan's rows alone (`packer.planning.row_order`).
 
     python scripts/bench_pack.py                 # 1M samples (~450M tokens), 3 runs each
     python scripts/bench_pack.py --samples 100000 --runs 2
+    python scripts/bench_pack.py --samples 100000 --runs 5 --skip-trl --row-order   # + plan order
 """
 
 from __future__ import annotations
@@ -58,11 +61,12 @@ import json, sys, time
 import packer
 from packer.config import PackConfig
 from packer.planning.overlength import resolve
+from packer.planning.row_order import order_plan_rows
 from packer.planning.strategies import plan
 from packer.read.assemble import read_samples
 from packer.write.shards import allocate, batch_bounds, gather_all, gather_batch
 samples = read_samples([sys.argv[1]], chunked=True)
-cfg = PackConfig(max_len=int(sys.argv[2]), overlength=sys.argv[3])
+cfg = PackConfig(max_len=int(sys.argv[2]), overlength=sys.argv[3], row_order=sys.argv[4])
 segs = resolve(
         samples.lengths, cfg.max_len, cfg.overlength, starts=samples.offsets[:-1], locate=samples.locate
     )  # warms the JIT cache load
@@ -71,6 +75,9 @@ segs = resolve(
         samples.lengths, cfg.max_len, cfg.overlength, starts=samples.offsets[:-1], locate=samples.locate
     )
 pl = plan(segs.length, cfg.max_len, cfg.strategy)
+t_order = time.perf_counter()
+pl = order_plan_rows(pl, cfg.row_order, cfg.seed)  # as `pack` writes them (shuffled)
+t_order = time.perf_counter() - t_order
 bounds = batch_bounds(pl, cfg)
 buf = allocate(pl, segs, cfg, bounds)
 for _, a, b in bounds:  # what `pack` does: every record batch into one reused set of buffers
@@ -80,7 +87,7 @@ del buf
 t2 = time.perf_counter()
 every = gather_all(samples, segs, pl, cfg)  # every row at once, into fresh memory
 t3 = time.perf_counter()
-print(json.dumps({"seconds": t1 - t0, "all_rows": t3 - t2,
+print(json.dumps({"seconds": t1 - t0, "all_rows": t3 - t2, "row_order": t_order,
                   "rows": pl.num_rows}))
 """
 
@@ -131,6 +138,12 @@ def main() -> None:
         choices=["bfd", "bfd_split"],
         help="bfd (truncates; packer --overlength truncate) or bfd_split "
         "(packer --overlength split)",
+    )
+    parser.add_argument(
+        "--row-order",
+        action="store_true",
+        help="also run packer with --row-order plan (the default shuffles the rows) and time "
+        "the shuffle of the plan alone",
     )
     args = parser.parse_args()
 
@@ -195,14 +208,28 @@ def main() -> None:
             report = json.loads(out)
             extra["packer"] = report
             drop(work / "packed")
-            dt, out = timed([PY, "-c", PACKER_IN_MEMORY, str(data), L, policy])
-            info = json.loads(out)
-            results.setdefault("packer plan + gather, in memory (batch buffers)", []).append(
-                info["seconds"]
-            )
-            results.setdefault("packer gather of every row into fresh memory", []).append(
-                info["all_rows"]
-            )
+            if args.row_order:
+                dt, _ = timed(
+                    [str(Path(PY).parent / "packer"), "pack", str(data), "-o", str(work / "plan")]
+                    + ["-L", L, "--overlength", policy, "--row-order", "plan", "--json"]
+                )
+                results.setdefault("packer pack --row-order plan (end to end)", []).append(dt)
+                drop(work / "plan")
+            for order in ("shuffle", "plan") if args.row_order else ("shuffle",):
+                dt, out = timed([PY, "-c", PACKER_IN_MEMORY, str(data), L, policy, order])
+                info = json.loads(out)
+                tag = " --row-order plan" if order == "plan" else ""
+                results.setdefault(
+                    f"packer plan + gather, in memory (batch buffers){tag}", []
+                ).append(info["seconds"])
+                if order == "shuffle":
+                    results.setdefault("packer gather of every row into fresh memory", []).append(
+                        info["all_rows"]
+                    )
+                if args.row_order and order == "shuffle":
+                    results.setdefault("packer row shuffle of the plan alone", []).append(
+                        info["row_order"]
+                    )
         if not args.skip_trl:
             try:
                 import trl  # noqa: F401

@@ -7,6 +7,12 @@ every file of each output and each `--json` report (timings removed), and prints
 
     python scripts/output_digests.py --save before.json        # on the old code
     python scripts/output_digests.py --compare before.json     # on the new: exit 1 on a change
+
+`--row-order plan|shuffle` passes that row order to every case (on code that has the option);
+`--ignore-manifest-key format_version --ignore-manifest-key config.row_order` digests each
+manifest.json without those keys (re-serialised canonically, on both sides of a comparison),
+to show that nothing else changed. `--rows` digests each output's multiset of rows instead of
+its bytes: the same for any row order.
 """
 
 from __future__ import annotations
@@ -35,10 +41,50 @@ TIMING = (
 )  # key parts
 
 
+IGNORED: list[str] = []  # dotted manifest keys left out of its digest (--ignore-manifest-key)
+ROWS = False  # digest the multiset of rows, not the bytes (--rows)
+ROW_ORDER: str | None = None  # --row-order passed to every case
+
+
+def manifest_bytes(data: bytes) -> bytes:
+    """manifest.json without the IGNORED keys, as canonical JSON (its bytes when none)."""
+    if not IGNORED:
+        return data
+    manifest = json.loads(data)
+    for key in IGNORED:
+        *parents, last = key.split(".")
+        node = manifest
+        for part in parents:
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return json.dumps(manifest, sort_keys=True).encode()
+
+
+def row_multiset(path: Path) -> bytes:
+    """The output's rows as a sorted list of their digests (row order and shard cuts left out)."""
+    import pyarrow as pa
+
+    manifest = json.loads((path / "manifest.json").read_bytes())
+    rows = []
+    for shard in manifest["shards"]:
+        with pa.memory_map(str(path / shard["file"])) as source:
+            table = pa.ipc.open_stream(source).read_all()
+        columns = [table.column(n).to_pylist() for n in table.column_names]
+        rows += [hashlib.sha256(repr(r).encode()).digest() for r in zip(*columns)]
+    return b"".join(sorted(rows))
+
+
 def digest_dir(path: Path) -> str:
     h = hashlib.sha256()
+    if ROWS:
+        h.update(row_multiset(path))
+        return h.hexdigest()[:16]
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f.relative_to(path).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        data = f.read_bytes()
+        if f.name == "manifest.json":
+            data = manifest_bytes(data)
+        h.update(f.relative_to(path).as_posix().encode() + b"\0" + data + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -53,6 +99,8 @@ def strip_timings(value):
 
 def digest_json(text: str, tmp: Path) -> str:
     report = strip_timings(json.loads(text))
+    if ROWS and isinstance(report, dict):  # each shard's rows and hash follow the row order
+        report.pop("shards", None)
     canon = json.dumps(report, sort_keys=False).replace(str(tmp), "TMP")
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
@@ -60,6 +108,8 @@ def digest_json(text: str, tmp: Path) -> str:
 def pack(tmp: Path, name: str, args: list[str]) -> tuple[str, str]:
     out = tmp / name
     cmd = [sys.executable, "-m", "packer", "pack", *args, "-o", str(out), "--json"]
+    if ROW_ORDER is not None:
+        cmd += ["--row-order", ROW_ORDER]
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     if res.returncode != 0:
         raise SystemExit(f"{name}: exit {res.returncode}: {res.stderr.strip()}")
@@ -138,19 +188,24 @@ def library_cases(tmp: Path) -> dict[str, tuple[str, str]]:
     table = pa.table({"input_ids": lists})
 
     def ipc(t) -> str:
+        if ROWS:
+            columns = [t.column(n).to_pylist() for n in t.column_names]
+            rows = sorted(hashlib.sha256(repr(r).encode()).digest() for r in zip(*columns))
+            return hashlib.sha256(b"".join(rows)).hexdigest()[:16]
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, t.schema) as w:
             w.write_table(t)
         return hashlib.sha256(sink.getvalue().to_pybytes()).hexdigest()[:16]
 
     found = {}
-    packed, stats = packer.pack_dataset(lists, 512, overlength="split", return_stats=True)
+    order = {} if ROW_ORDER is None else {"row_order": ROW_ORDER}
+    packed, stats = packer.pack_dataset(lists, 512, overlength="split", return_stats=True, **order)
     found["pack_dataset lists"] = (ipc(packed), digest_json(json.dumps(stats), tmp))
     packed, stats = packer.pack_dataset(
-        table, 512, overlength="truncate", pad=True, return_stats=True
+        table, 512, overlength="truncate", pad=True, return_stats=True, **order
     )
     found["pack_dataset table padded"] = (ipc(packed), digest_json(json.dumps(stats), tmp))
-    batches = packer.pack_dataset(iter(lists), 512, overlength="drop", window=500)
+    batches = packer.pack_dataset(iter(lists), 512, overlength="drop", window=500, **order)
     found["pack_dataset iterator"] = (ipc(pa.Table.from_batches(list(batches))), "-")
     try:
         import datasets
@@ -160,9 +215,13 @@ def library_cases(tmp: Path) -> dict[str, tuple[str, str]]:
     ds.save_to_disk(str(tmp / "ds"))
     on_disk = datasets.load_from_disk(str(tmp / "ds"))
     cache = tmp / "cache.arrow"
-    packed = packer.pack_dataset(on_disk, 512, overlength="split", cache_file_name=str(cache))
+    packed = packer.pack_dataset(
+        on_disk, 512, overlength="split", cache_file_name=str(cache), **order
+    )
+    with pa.memory_map(str(cache)) as source:
+        cached = pa.ipc.open_stream(source).read_all()
     found["pack_dataset cache file"] = (
-        hashlib.sha256(cache.read_bytes()).hexdigest()[:16],
+        ipc(cached) if ROWS else hashlib.sha256(cache.read_bytes()).hexdigest()[:16],
         ipc(packed.data.table),
     )
     return found
@@ -179,7 +238,27 @@ def main() -> int:
         default=Path(tempfile.gettempdir()) / "packer-digests",
         help="where the outputs are written (removed before and after)",
     )
+    ap.add_argument(
+        "--row-order",
+        choices=("shuffle", "plan"),
+        help="pass this row order to every case (default: none passed, the code's default)",
+    )
+    ap.add_argument(
+        "--ignore-manifest-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="a dotted manifest key (config.row_order) left out of each manifest's digest",
+    )
+    ap.add_argument(
+        "--rows",
+        action="store_true",
+        help="digest each output's multiset of rows (and its report without shards), not bytes",
+    )
     opts = ap.parse_args()
+    global ROWS, ROW_ORDER
+    IGNORED.extend(opts.ignore_manifest_key)
+    ROWS, ROW_ORDER = opts.rows, opts.row_order
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # a fixed place, the sample copied into it: manifests record the paths of their inputs, so
     # digests saved from another checkout (an older commit's worktree) compare with these

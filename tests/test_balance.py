@@ -23,6 +23,7 @@ from packer.planning.balance import (
     row_segments,
     row_tokens,
 )
+from packer.planning.row_order import order_plan_rows
 from packer.planning.strategies import plan
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
@@ -248,9 +249,19 @@ def test_plan_cli_reports_balance(cli, tmp_path):
     assert report["balance"] == {"world_size": 8, "batch_size": 1, "hidden_size": 32}
     (entry,) = report["strategies"]
     lengths = split_lengths([len(s["input_ids"]) for s in samples], 1024)
-    rows = plan(lengths, 1024, "bfd")
+    # the batches are planned over the rows in the order `pack` writes them (shuffled)
+    rows = order_plan_rows(plan(lengths, 1024, "bfd"), "shuffle", 0)
     expected = compare_balance(rows.row_starts, lengths[rows.order], 8, 1, 32)
     assert entry["dp_efficiency"] == {k: round(v, 6) for k, v in expected.items()}
+    assert report["row_order"] == "shuffle"
+    in_plan = json.loads(
+        cli(*args, "--world-size", 8, "--hidden-size", 32, "--json", "--row-order", "plan").stdout
+    )
+    rows = plan(lengths, 1024, "bfd")
+    expected = compare_balance(rows.row_starts, lengths[rows.order], 8, 1, 32)
+    assert in_plan["strategies"][0]["dp_efficiency"] == {
+        k: round(v, 6) for k, v in expected.items()
+    }
     assert entry["dp_efficiency"]["attention"] > entry["dp_efficiency"]["tokens"]
     table = cli(*args, "--world-size", 8, "--batch-size", 2)
     assert table.exit_code == 0, table.stderr

@@ -842,5 +842,5 @@ def test_readme_python_snippet_runs(capsys):
     (code,) = re.findall(r"<!-- runnable -->\n```python\n(.*?)```", section, re.S)
     scope: dict = {"__name__": "__snippet__"}
     exec(compile(code, "<README Python>", "exec"), scope)  # noqa: S102
-    assert capsys.readouterr().out.split() == ["3", "0.833333", "[4]"]
+    assert capsys.readouterr().out.split() == ["3", "0.833333", "[2]"]
     assert scope["table"].column("labels").to_pylist() == [[-100, 2, 3, -100, 5]]

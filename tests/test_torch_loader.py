@@ -236,7 +236,8 @@ def test_collate_errors(packed):
     assert one["input_ids"].shape[1] == max(len(ds[0]["input_ids"]), len(ds[1]["input_ids"]))
     assert "cu_seq_lens_q" in collate_packed([ds[0]], pad_to_multiple_of=0)  # default: flatten
     short = min(range(len(ds)), key=lambda i: len(ds[i]["input_ids"]))
-    padded = collate_packed([ds[short], ds[0]], "pad")  # default pad id: 0
+    long = max(range(len(ds)), key=lambda i: len(ds[i]["input_ids"]))
+    padded = collate_packed([ds[short], ds[long]], "pad")  # default pad id: 0
     assert int(padded["input_ids"][0, -1]) == 0
 
 

@@ -23,7 +23,7 @@ from packer.cli.app import (
 from packer.config import ENGINES, ON_ERROR
 from packer.contract.names import POLICIES
 from packer.hashing import ALGORITHMS
-from packer.planning.choices import STRATEGIES
+from packer.planning.choices import ROW_ORDERS, STRATEGIES
 
 
 @app.command()
@@ -91,7 +91,17 @@ def pack(
         + config_default("no-sequence-parallel"),
     ),
     seed: Optional[int] = typer.Option(
-        None, "--seed", help=f"Seed for strategies that use randomness. {config_default('0')}"
+        None,
+        "--seed",
+        help=f"Seed for ff-shuffle and the shuffled row order. {config_default('0')}",
+    ),
+    row_order: Optional[str] = typer.Option(
+        None,
+        "--row-order",
+        metavar=choices(ROW_ORDERS),
+        help="Order of the rows in the shards: shuffle (seeded by --seed, no length "
+        "curriculum for a reader that reads in order) or plan (the planner's order, longest "
+        f"rows first). See docs/format.md. {config_default('shuffle')}",
     ),
     window: Optional[int] = typer.Option(
         None,
@@ -257,6 +267,7 @@ def pack(
                 "tp_size": tp_size,
                 "sequence_parallel": sequence_parallel,
                 "seed": seed,
+                "row_order": row_order,
                 "window": window,
                 "input_column": input_column,
                 "labels_column": labels_column,

@@ -18,7 +18,7 @@ from packer.cli.app import (
     user_errors,
 )
 from packer.contract.names import POLICIES
-from packer.planning.choices import STRATEGIES
+from packer.planning.choices import ROW_ORDERS, STRATEGIES
 
 
 @app.command("plan")
@@ -41,7 +41,16 @@ def plan_command(
         help="Pack within consecutive windows of W samples; the table then also shows the "
         "global rows and the cost of windowing. [default: none, one global plan]",
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed for ff-shuffle and the batch plans."),
+    seed: int = typer.Option(
+        0, "--seed", help="Seed for ff-shuffle, the row order and the batch plans."
+    ),
+    row_order: str = typer.Option(
+        "shuffle",
+        "--row-order",
+        metavar=choices(ROW_ORDERS),
+        help="Order of the rows the --world-size batches are planned over, as `packer pack "
+        "--row-order` writes them: shuffle (seeded by --seed) or plan.",
+    ),
     overlength: str = typer.Option(
         "error",
         "--overlength",
@@ -139,6 +148,10 @@ def plan_command(
         _check_multiple(max_len, cp_size, tp_size, sequence_parallel, pairs)
         if seed < 0:
             raise UsageError(f"--seed must be non-negative, got {seed}")
+        if row_order not in ROW_ORDERS:
+            raise UsageError(
+                f"unknown --row-order '{row_order}' (choose from {', '.join(ROW_ORDERS)})"
+            )
         if strategy != "all" and strategy not in STRATEGIES:
             raise UsageError(
                 f"unknown --strategy '{strategy}' (choose from all, {', '.join(STRATEGIES)})"
@@ -163,6 +176,7 @@ def plan_command(
             cp_size=cp_size,
             tp_size=tp_size,
             sequence_parallel=sequence_parallel,
+            row_order=row_order,
         )
         report["pairs"] = pair_counts
         warning = balance_warning(report)

@@ -98,8 +98,32 @@ def parse_manifest(data: bytes, path: Path) -> dict:
         raise UsageError(f"manifest.json is not valid JSON ({exc})", where=str(path)) from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
         raise UsageError("manifest.json has no 'shards' list", where=str(path))
+    check_format_version(manifest, path)
     _check_fields(manifest, path)
     return manifest
+
+
+# The output formats this packer reads (`format_version`; none recorded is format 1): 1 writes
+# rows in the plan's order, 2 in `config.row_order` (docs/format.md). Only the row order
+# differs, so every reader reads both; a newer format is refused rather than misread.
+FORMAT_VERSIONS = (1, 2)
+
+
+def check_format_version(manifest: dict, path: Path) -> None:
+    """A manifest of a format this packer reads (refused in one line otherwise)."""
+    version = manifest.get("format_version", 1)
+    if version in FORMAT_VERSIONS and not isinstance(version, bool):
+        return
+    if isinstance(version, int) and not isinstance(version, bool) and version > 0:
+        raise UsageError(
+            f"manifest.json has format_version {version}; this packer reads formats "
+            f"{', '.join(map(str, FORMAT_VERSIONS))}: upgrade packer to read it",
+            where=str(path),
+        )
+    raise UsageError(
+        f"manifest.json format_version must be a positive integer, got {version!r}",
+        where=str(path),
+    )
 
 
 def _count(value) -> bool:

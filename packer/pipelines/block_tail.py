@@ -20,6 +20,7 @@ from packer.config import PackConfig
 from packer.contract.shards import numpy_view
 from packer.pipelines.block_task import BlockResult, block_seed, listed_file
 from packer.pipelines.run_files import spill_name
+from packer.planning import row_order
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan, plan
 from packer.read.samples import Samples, as_chunks
@@ -151,6 +152,7 @@ def tail_tasks(
         )
         lengths = np.concatenate([r.tail_lengths for r in members])
         pl = plan(lengths, cfg.max_len, cfg.strategy, seed=block_seed(cfg.seed, num_blocks + g))
+        pl = row_order.order_rows(pl, cfg.row_order, cfg.seed, row_order.TAIL_GROUP, g)
         rows += pl.num_rows
         moved += int(lengths.sum())
         for a in range(0, pl.num_rows, per_shard):

@@ -28,6 +28,7 @@ from packer.pipelines import resume
 from packer.pipelines.result import Stats
 from packer.pipelines.run_files import spill_name
 from packer.planning.overlength import Segments, resolve
+from packer.planning.row_order import BLOCK, order_rows
 from packer.planning.strategies import Plan, plan
 from packer.read.blocks import BlockSpec, block_samples
 from packer.read.samples import Rejects, Samples
@@ -201,7 +202,7 @@ def _pack_block(spec: BlockSpec, cfg: PackConfig, work: Path, workers: int) -> B
         window=cfg.window,
     )
     tail = tail_rows(pl, segs.length, cfg)
-    full = _keep_rows(pl, ~tail)
+    full = order_rows(_keep_rows(pl, ~tail), cfg.row_order, cfg.seed, BLOCK, spec.block)
     tails = _keep_rows(pl, tail)
     shards, spill = _write_block(spec, samples, segs, full, tails, cfg, work, workers)
     lengths, counts = np.unique(segs.length, return_counts=True)

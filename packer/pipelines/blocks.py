@@ -49,6 +49,7 @@ from packer.pipelines.result import PackResult, Stats
 from packer.pipelines.run_files import WORK, LocalRun, open_store
 from packer.pipelines.warmup import start_warming
 from packer.planning import kernels as algorithms
+from packer.planning.row_order import order_shards
 from packer.planning.strategies import martello_toth_bound
 from packer.read.assemble import counts_text
 from packer.read.blocks import BlockSpec, FileScan, scan_file
@@ -143,6 +144,7 @@ def _pack_blocks(
         t = time.perf_counter()
         tail_shards = [e for es in tail_entries for e in es]
         shards = [e for r in results for e in r.shards] + tail_shards
+        shards = order_shards(shards, cfg.row_order, cfg.seed)  # the order readers follow
         tails = Stats(
             cfg.max_len,
             rows=tail_row_count,

@@ -38,6 +38,7 @@ from packer.pipelines.one_plan import plan_samples
 from packer.pipelines.result import Stats, stats_of
 from packer.pipelines.warmup import start_warming
 from packer.planning.overlength import resolve
+from packer.planning.row_order import WHOLE, WINDOW, order_rows
 from packer.planning.strategies import Plan, plan, plan_arrays
 from packer.read import objects
 from packer.read.formats import RawTable
@@ -193,6 +194,9 @@ class _Stream:
         seed = cfg.seed if alone else [cfg.seed, self.windows]
         order, row_starts = plan_arrays(segs.length, cfg.max_len, cfg.strategy, seed)
         pl = Plan(order=order, row_starts=row_starts)
+        # alone, the stream's rows are ordered as one plan's (`plan_samples`), else per window
+        key = (WHOLE,) if alone else (WINDOW, self.windows)
+        pl = order_rows(pl, cfg.row_order, cfg.seed, *key)
         batches, loss_tokens, all_tokens = gather_batches(samples, segs, pl, cfg, self.workers)
         pad_tokens = all_tokens - int(segs.length.sum())
         self.total += Stats(
@@ -284,6 +288,7 @@ def pack_dataset(
     pad: bool = False,
     pad_id: int = 0,
     seed: int = 0,
+    row_order: str = "shuffle",
     input_column: str = DEFAULT_INPUT,
     labels_column: str | None = DEFAULT_LABELS,
     on_error: str = "error",
@@ -301,7 +306,9 @@ def pack_dataset(
     optional parallel sequence), or any other iterable, `datasets.IterableDataset` included
     (returns an iterator of `pyarrow.RecordBatch`, packed in windows of `window` samples,
     100,000 by default). The columns are those of `packer pack`'s shards plus `seq_lengths`;
-    other input columns are not carried. The options mean what `packer pack`'s flags mean.
+    other input columns are not carried. The options mean what `packer pack`'s flags mean;
+    `row_order="shuffle"` (the default) returns the rows in a permutation seeded by `seed`
+    (per window for an iterable), `"plan"` in the planner's order (docs/format.md).
 
     A file-backed Dataset (one with `cache_files`, e.g. from `load_from_disk`, `load_dataset`
     or `Dataset.from_file`) is packed, as `Dataset.map` does, to a cache file in the directory
@@ -329,6 +336,7 @@ def pack_dataset(
             pad=pad,
             pad_id=pad_id,
             seed=seed,
+            row_order=row_order,
             window=window,
             input_column=input_column,
             labels_column=labels_column or "",

@@ -19,6 +19,7 @@ from packer.pipelines.result import PackResult, Progress, stats_of
 from packer.pipelines.warmup import start_warming
 from packer.planning.cp import pad_to_multiple
 from packer.planning.overlength import Segments, resolve
+from packer.planning.row_order import order_plan_rows
 from packer.planning.strategies import Plan, plan
 from packer.read.assemble import read_samples
 from packer.read.cache import (
@@ -38,8 +39,8 @@ from packer.write.shards import write_shards
 
 
 def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int | None]:
-    """Resolve over-length samples and plan their rows: (segments, plan, rows of one global
-    plan when `cfg.window` is set). Shared by `pack` and `pack_dataset`."""
+    """Resolve over-length samples and plan their rows, in `cfg.row_order`: (segments, plan,
+    rows of one global plan when `cfg.window` is set). Shared by `pack` and `pack_dataset`."""
     segs = resolve(
         samples.lengths,
         cfg.max_len,
@@ -51,6 +52,7 @@ def plan_samples(samples: Samples, cfg: PackConfig) -> tuple[Segments, Plan, int
         segs.sample = samples.index[segs.sample]
     lengths = pad_to_multiple(segs.length, cfg.segment_multiple)  # as they are without CP
     pl = plan(lengths, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
+    pl = order_plan_rows(pl, cfg.row_order, cfg.seed, cfg.window)
     global_rows = None
     if cfg.window is not None:
         global_rows = plan(lengths, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows

@@ -19,6 +19,7 @@ from packer.contract.schema import PAIR_SCHEMA, PAIR_SIDES
 from packer.interrupts import interrupt_once
 from packer.pipelines.result import PackResult, Progress, Stats
 from packer.planning.pairs import resolve_pairs
+from packer.planning.row_order import order_plan_rows
 from packer.planning.strategies import Plan, plan
 from packer.read.pairs import pair_samples, read_pairs
 from packer.write import commit as output
@@ -59,7 +60,8 @@ def plan_pairs(inputs: list[Path], cfg: PackConfig, on_file=None):
     kept = resolve_pairs(*pairs.lengths, cfg.max_len, cfg.overlength, locate=pairs.locate)
     samples, segs = pair_samples(pairs, kept)
     items = kept.item_lengths
-    pl = segment_plan(plan(items, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window))
+    pl = plan(items, cfg.max_len, cfg.strategy, seed=cfg.seed, window=cfg.window)
+    pl = segment_plan(order_plan_rows(pl, cfg.row_order, cfg.seed, cfg.window))
     global_rows = None
     if cfg.window is not None:
         global_rows = plan(items, cfg.max_len, cfg.strategy, seed=cfg.seed).num_rows

@@ -10,11 +10,13 @@ import time
 
 import numpy as np
 
+from packer.errors import UsageError
 from packer.planning import kernels as algorithms
 from packer.planning.balance import DEFAULT_HIDDEN_SIZE, compare_balance
-from packer.planning.choices import STRATEGIES
+from packer.planning.choices import ROW_ORDERS, STRATEGIES
 from packer.planning.cp import cp_cost, pad_to_multiple
 from packer.planning.multiple import cp_multiple
+from packer.planning.row_order import order_plan_rows
 from packer.planning.strategies import Plan, lower_bound, martello_toth_bound, plan
 
 
@@ -46,6 +48,7 @@ def compare_strategies(
     cp_size: int = 1,
     tp_size: int = 1,
     sequence_parallel: bool = False,
+    row_order: str = "shuffle",
 ) -> dict:
     """Rows, efficiency, rows / best bound and seconds of each strategy on these lengths.
 
@@ -57,7 +60,10 @@ def compare_strategies(
     bounds are theirs, `efficiency` counts real tokens only (`efficiency_padded` the padding
     too) and `cp` says what the padding costs; with `sequence_parallel`, the multiple is
     Megatron-Bridge's lcm(2 x cp_size, cp_size x tp_size) (`packer.planning.cp`).
+    The batches are planned over the rows in `row_order`, as `packer pack` writes them.
     """
+    if row_order not in ROW_ORDERS:
+        raise UsageError(f"unknown row_order {row_order!r} (choose from {', '.join(ROW_ORDERS)})")
     mult = cp_multiple(cp_size, tp_size, sequence_parallel)
     real = np.ascontiguousarray(lengths)
     lengths = np.ascontiguousarray(pad_to_multiple(real, mult)) if mult > 1 else real
@@ -86,6 +92,7 @@ def compare_strategies(
             entry["global_rows"] = global_rows
             entry["window_cost"] = round(rows / global_rows - 1, 6) if global_rows else 0.0
         if world_size is not None:
+            rows_plan = order_plan_rows(rows_plan, row_order, seed, window)
             effs = compare_balance(
                 rows_plan.row_starts,
                 lengths[rows_plan.order],
@@ -102,6 +109,7 @@ def compare_strategies(
         "max_len": int(max_len),
         "window": window,
         "seed": seed,
+        "row_order": row_order,
         "balance": None
         if world_size is None
         else {"world_size": world_size, "batch_size": batch_size, "hidden_size": hidden_size},

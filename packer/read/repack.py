@@ -29,7 +29,12 @@ import pyarrow as pa
 import pyarrow.json as pa_json
 
 from packer import hashing
-from packer.contract.manifest import has_leftovers, incomplete_output, packer_manifest
+from packer.contract.manifest import (
+    check_format_version,
+    has_leftovers,
+    incomplete_output,
+    packer_manifest,
+)
 from packer.contract.names import MANIFEST, SPLIT_LABELS
 from packer.contract.outputs import PackedInputError, is_incomplete_output, is_packer_output
 from packer.contract.remote import local_copy
@@ -212,6 +217,7 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
         if has_leftovers(directory):
             raise incomplete_output(str(directory))
         raise PackedInputError("not a packer output (no manifest.json)", where=str(directory))
+    check_format_version(manifest, directory / MANIFEST)
     if config_multiple(manifest.get("config", {})) > 1:
         raise PackedInputError(
             "a CP output (cp_size above 1 or sequence_parallel): its segments carry CP padding, so "

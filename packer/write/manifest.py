@@ -20,7 +20,9 @@ from packer.read.samples import Samples
 from packer.storage import display
 from packer.version import __version__
 
-FORMAT_VERSION = 1
+# 2: rows in `config.row_order` (a seeded shuffle by default); 1: in the plan's order, with no
+# row_order recorded. Readers accept both (`packer.contract.manifest.FORMAT_VERSIONS`).
+FORMAT_VERSION = 2
 
 
 def build_manifest(
