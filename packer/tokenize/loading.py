@@ -39,7 +39,7 @@ def load_tokenizer(source: str):
         from transformers import AutoTokenizer
     except ImportError:
         raise TokenizerError(
-            f"{name}: tokenizing needs transformers (pip install 'packer-llm[tokenize]')"
+            f"{name}: tokenizing needs transformers (pip install transformers)"
         ) from None
     unreachable = None if local.is_dir() else hub_unreachable()
     try:

@@ -44,7 +44,7 @@ def render_function():
         from transformers.utils.chat_template_utils import render_jinja_template
     except ImportError as e:  # transformers missing or too old
         raise TemplateError(
-            f"chat templates need transformers>=4.51 (pip install 'packer-llm[tokenize]'): {e}",
+            f"chat templates need transformers>=4.51 (pip install 'transformers>=4.51'): {e}",
             usage=True,
         ) from None
     return render_jinja_template
