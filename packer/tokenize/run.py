@@ -106,7 +106,11 @@ def tokenize(
     if not isinstance(output, (str, os.PathLike)) or not str(output):
         raise UsageError(f"{option('output')} must be a path, got {output!r}")
     target = Path(output)
-    files = raw_inputs(list(inputs), skip=target)
+    inputs = list(inputs)
+    if inputs and all(isinstance(f, RawFile) for f in inputs):
+        files = inputs  # expanded already (`packer.tokenize.cache`)
+    else:
+        files = raw_inputs(inputs, skip=target)
     out_dir.check_target(target, overwrite)
     configure_workers(1 if n > 1 else None)  # the driver's own Arrow pools stay small
     tmp = out_dir.start(target)
