@@ -294,24 +294,12 @@ def pack(
         )
         _check_export_config(export_to, cfg, memory_budget)
         _check_unused_flags(cfg, pad_id, on_error, repack)
-        raw = tokenize_for_pack(
-            inputs,
-            output,
-            tokenizer,
-            chat_template,
-            train_on,
-            cfg,
-            repack,
-            workers,
-            memory_budget,
-            json_out,
-        )
-        inputs = raw.inputs if raw is not None else inputs
+        raw = tokenize_for_pack(inputs, output, cfg, repack, locals())  # None: no --tokenizer
         # with --repack, --memory-budget is the export's: a repack reads in memory
         memory_budget_pack = None if export_to is not None and repack else memory_budget
         with progress_bars(not json_out) as progress, sigterm_as_interrupt(), raw_source(raw):
             result = run_pack(
-                inputs,
+                raw.inputs if raw is not None else inputs,
                 output,
                 cfg,
                 overwrite=overwrite,
@@ -322,8 +310,6 @@ def pack(
                 resume=resume,
             )
         report = result.report()
-        if raw is not None:
-            report["tokenize"] = raw.report
         if export_to is not None:
             from packer.export import export
 

@@ -131,24 +131,16 @@ class RawPack:
 
     inputs: list[str]
     source: dict
-    report: dict
 
 
-def tokenize_for_pack(
-    inputs,
-    output,
-    tokenizer,
-    chat_template,
-    train_on,
-    cfg,
-    repack,
-    workers,
-    memory_budget,
-    json_out,
-) -> RawPack | None:
-    """Tokenize pack's raw INPUT through the cache (None without --tokenizer)."""
+def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPack | None:
+    """Tokenize pack's raw INPUT through the cache (None without --tokenizer). params: the
+    pack command's parameters, of which this reads --tokenizer, --chat-template, --train-on,
+    --workers, --memory-budget and --json."""
     from packer.errors import UsageError
 
+    names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
+    tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
     if tokenizer is None:
         if chat_template is not None or train_on is not None:
             flag = "--chat-template" if chat_template is not None else "--train-on"
@@ -179,7 +171,7 @@ def tokenize_for_pack(
                 f"note: {result.rejected:,} raw records were left out; listed in "
                 f"{Path(result.output) / 'rejects.txt'}"
             )
-    return RawPack([result.output], describe_source(result), result.report())
+    return RawPack([result.output], describe_source(result))
 
 
 @contextmanager

@@ -95,5 +95,5 @@ def describe_source(result: TokenizeResult) -> dict:
         "cache": result.output,
         "encoder": manifest.get("encoder"),
         "inputs": manifest.get("inputs"),
-        "rejected": manifest.get("stats", {}).get("rejected", 0),
+        "stats": manifest.get("stats"),
     }
