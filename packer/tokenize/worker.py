@@ -38,15 +38,19 @@ class BatchDone:
     rejects: list[str] = field(default_factory=list)
 
 
-def init_worker(spec: dict, columns, on_error: str) -> None:
-    """Pool initializer: build this process's encoder. Signals are the driver's to handle: it
-    stops the workers itself (a Ctrl-C in a terminal reaches the whole process group)."""
+def init_worker(encoder, columns, on_error: str) -> None:
+    """Pool initializer: this process's encoder (its spec when spawned; a forked worker has its
+    own copy already). Signals are the driver's to handle: it stops the workers itself (a
+    Ctrl-C in a terminal reaches the whole process group)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the driver's `terminate` ends the worker
-    setup(spec, columns, on_error)
+    if isinstance(encoder, dict):
+        setup(encoder, columns, on_error)
+    else:
+        setup(None, columns, on_error, encoder=encoder)
 
 
-def setup(spec: dict, columns, on_error: str, encoder=None) -> None:
+def setup(spec: dict | None, columns, on_error: str, encoder=None) -> None:
     from packer.tokenize.encode import Encoder
 
     _state["encoder"] = encoder if encoder is not None else Encoder.from_spec(spec)
