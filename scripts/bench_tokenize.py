@@ -111,7 +111,7 @@ def make_records(n: int, seed: int) -> list[dict]:
         elif kind < 0.8:
             out.append({"text": " ".join(sentence(5, 30) for _ in range(int(rng.integers(1, 8))))})
         else:
-            out.append({"prompt": sentence(5, 40), "completion": sentence(5, 80)})
+            out.append({"prompt": sentence(5, 40), "completion": " " + sentence(5, 80)})
     return out
 
 

@@ -106,7 +106,7 @@ def records(n: int, seed: int = 0) -> list[dict]:
         elif kind == 1:
             out.append({"text": words(30)})
         else:
-            out.append({"prompt": words(8), "completion": words(8)})
+            out.append({"prompt": words(8), "completion": " " + words(8)})
     return out
 
 
@@ -148,7 +148,8 @@ def test_every_format_gives_the_same_samples(tokenizer, tmp_path):
     with pa.output_stream(str(tmp_path / "a.jsonl.zst"), compression="zstd") as out:
         out.write(text)
     (tmp_path / "a.json").write_text(json.dumps(rows, indent=1))
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "a.parquet")
+    keys = sorted({k for r in rows for k in r})  # a null where a row lacks the column
+    pq.write_table(pa.table({k: [r.get(k) for r in rows] for k in keys}), tmp_path / "a.parquet")
     got = {}
     for name in ("a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.json", "a.parquet"):
         result = tokenize([tmp_path / name], tmp_path / f"out-{name}", encoder, workers=1)
