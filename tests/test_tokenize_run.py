@@ -187,72 +187,72 @@ def test_workers_1_and_2_write_the_same_bytes(tokenizer, tmp_path):
     assert outs[0] == outs[1] and len(outs[0]) == 2  # one shard per input file's batch
 
 
-def test_one_step_and_two_step_packs_are_byte_identical(tokenizer, tmp_path):
+def test_one_step_and_two_step_packs_are_byte_identical(cli, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
     raw = write_jsonl(tmp_path / "raw.jsonl", records(120, seed=3))
-    env = {"PACKER_CACHE_DIR": str(tmp_path / "cache")}
-    res = packer("tokenize", raw, "--tokenizer", tokenizer, "-o", tmp_path / "tok")
-    assert res.returncode == 0, res.stderr
-    res = packer("pack", tmp_path / "tok", "-o", tmp_path / "two", "-L", "256", env=env)
-    assert res.returncode == 0, res.stderr
-    res = packer(
-        "pack", raw, "--tokenizer", tokenizer, "-o", tmp_path / "one", "-L", "256", env=env
-    )
-    assert res.returncode == 0, res.stderr
+    res = cli("tokenize", raw, "--tokenizer", tokenizer, "-o", tmp_path / "tok")
+    assert res.exit_code == 0, res.stderr
+    res = cli("pack", tmp_path / "tok", "-o", tmp_path / "two", "-L", "256")
+    assert res.exit_code == 0, res.stderr
+    res = cli("pack", raw, "--tokenizer", tokenizer, "-o", tmp_path / "one", "-L", "256")
+    assert res.exit_code == 0, res.stderr
     two, one = digests(tmp_path / "two", "shard-*"), digests(tmp_path / "one", "shard-*")
     assert one == two and one
     manifest = json.loads((tmp_path / "one" / "manifest.json").read_text())
     source = manifest["tokenized_from"]
-    assert (
-        source["encoder"]
-        == json.loads((tmp_path / "tok" / "tokenized.json").read_text())["encoder"]
-    )
+    tokenized = json.loads((tmp_path / "tok" / "tokenized.json").read_text())
+    assert source["encoder"] == tokenized["encoder"]
+    assert source["encoder"]["mask_method"] == "prefix-rendering"
     assert source["inputs"] == [{"format": "jsonl", "path": str(raw)}]
-    res = packer("verify", tmp_path / "one", "--no-attention")
-    assert res.returncode == 0, res.stderr
+    res = cli("verify", tmp_path / "one", "--no-attention")
+    assert res.exit_code == 0, res.stderr
 
 
-def test_cache_is_reused_at_another_L_and_missed_when_the_template_changes(tokenizer, tmp_path):
+def test_cache_is_reused_at_another_L_and_missed_when_the_template_changes(
+    cli, tokenizer, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
     raw = write_jsonl(tmp_path / "raw.jsonl", records(60, seed=4))
-    env = {"PACKER_CACHE_DIR": str(tmp_path / "cache")}
     base = ("pack", raw, "--tokenizer", tokenizer)
-    first = packer(*base, "-o", tmp_path / "p1", "-L", "256", env=env)
-    assert first.returncode == 0, first.stderr
+    first = cli(*base, "-o", tmp_path / "p1", "-L", "256")
+    assert first.exit_code == 0, first.stderr
     assert "tokenized 60 lines" in first.stderr
     entries = sorted((tmp_path / "cache" / "tokenized").iterdir())
     assert len(entries) == 1
-    again = packer(*base, "-o", tmp_path / "p2", "-L", "512", env=env)
-    assert again.returncode == 0, again.stderr
+    again = cli(*base, "-o", tmp_path / "p2", "-L", "512")
+    assert again.exit_code == 0, again.stderr
     assert f"tokenized output reused from the cache: {entries[0]}" in again.stderr
     template = tmp_path / "other.jinja"
     template.write_text(CHATML.replace("<|im_end|>\\n", "<|im_end|>"))
-    third = packer(*base, "-o", tmp_path / "p3", "-L", "256", "--chat-template", template, env=env)
-    assert third.returncode == 0, third.stderr
+    third = cli(*base, "-o", tmp_path / "p3", "-L", "256", "--chat-template", template)
+    assert third.exit_code == 0, third.stderr
     assert "tokenized 60 lines" in third.stderr
     assert len(list((tmp_path / "cache" / "tokenized").iterdir())) == 2
-    # an edited input misses too; the same bytes under another name hit
+    # the same bytes under another name hit; an edited file misses
     renamed = tmp_path / "renamed.jsonl"
     renamed.write_bytes(raw.read_bytes())
-    fourth = packer(
-        "pack", renamed, "--tokenizer", tokenizer, "-o", tmp_path / "p4", "-L", "256", env=env
-    )
+    fourth = cli("pack", renamed, "--tokenizer", tokenizer, "-o", tmp_path / "p4", "-L", "256")
     assert "reused from the cache" in fourth.stderr, fourth.stderr
+    renamed.write_bytes(raw.read_bytes() + raw.read_bytes().split(b"\n")[0] + b"\n")
+    fifth = cli("pack", renamed, "--tokenizer", tokenizer, "-o", tmp_path / "p5", "-L", "256")
+    assert "tokenized 61 lines" in fifth.stderr, fifth.stderr
 
 
-def test_a_bad_line_is_named_by_file_and_line(tokenizer, tmp_path):
+def test_a_bad_line_is_named_by_file_and_line(cli, tokenizer, tmp_path):
     rows = records(6)
     lines = [json.dumps(r) for r in rows]
     lines[3] = '{"messages": [{"role": "user", "content": "hello"}'  # cut short
     raw = tmp_path / "raw.jsonl"
     raw.write_text("\n".join(lines) + "\n")
-    res = packer("tokenize", raw, "--tokenizer", tokenizer, "-o", tmp_path / "out")
-    assert res.returncode == 1
+    res = cli("tokenize", raw, "--tokenizer", tokenizer, "-o", tmp_path / "out")
+    assert res.exit_code == 1
     assert res.stderr.startswith(f"error: {raw}:4: malformed JSON")
     assert len(res.stderr.splitlines()) == 1
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
-    res = packer(
+    res = cli(
         "tokenize", raw, "--tokenizer", tokenizer, "-o", tmp_path / "out", "--on-error", "skip"
     )
-    assert res.returncode == 0, res.stderr
+    assert res.exit_code == 0, res.stderr
     assert "5 samples" in res.stderr and "1 rejected" in res.stderr
     rejects = (tmp_path / "out" / "rejects.txt").read_text().splitlines()
     assert len(rejects) == 1 and rejects[0].startswith(f"{raw}:4: malformed JSON")
@@ -269,7 +269,7 @@ def test_a_chat_without_an_assistant_turn_is_named(tokenizer, tmp_path):
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 
-def test_bad_options_exit_2_in_one_line(tokenizer, tmp_path):
+def test_bad_options_exit_2_in_one_line(cli, tokenizer, tmp_path):
     raw = write_jsonl(tmp_path / "raw.jsonl", records(3))
     cases = [
         (("tokenize", raw, "--tokenizer", tokenizer, "-o", tmp_path / "o", "--train-on", "x"), "--train-on"),
@@ -278,8 +278,8 @@ def test_bad_options_exit_2_in_one_line(tokenizer, tmp_path):
         (("tokenize", raw, "--tokenizer", tmp_path / "missing", "-o", tmp_path / "o"), "--tokenizer"),
     ]  # fmt: skip
     for args, needle in cases:
-        res = packer(*args)
-        assert res.returncode == 2, (args, res.stderr)
+        res = cli(*args)
+        assert res.exit_code == 2, (args, res.stderr)
         assert len(res.stderr.splitlines()) == 1 and needle in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
 
