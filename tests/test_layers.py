@@ -42,17 +42,18 @@ LAYERS = {
     "packer.planning": 3,
     "packer.config": 4,
     "packer.read": 5,
-    "packer.write": 6,
-    "packer.engines": 7,
-    "packer.pipelines": 8,
-    "packer.torch": 9,
-    "packer.export": 9,
-    "packer.verify": 10,
-    "packer.inspection": 11,
-    "packer.inspect_html": 12,
-    "packer": 13,
-    "packer.__main__": 13,
-    "packer.cli": 13,
+    "packer.tokenize": 6,
+    "packer.write": 7,
+    "packer.engines": 8,
+    "packer.pipelines": 9,
+    "packer.torch": 10,
+    "packer.export": 10,
+    "packer.verify": 11,
+    "packer.inspection": 12,
+    "packer.inspect_html": 13,
+    "packer": 14,
+    "packer.__main__": 14,
+    "packer.cli": 14,
 }
 TOP = {"packer", "packer.__main__", "packer.cli"}  # one package: they may import one another
 
@@ -546,10 +547,10 @@ def test_checker_passes_a_clean_tree():
         (
             "packer/read/b.py",
             "from packer import read_samples\n",
-            "packer/read/b.py:1: packer.read.b (layer 5) imports packer (layer 13)",
+            "packer/read/b.py:1: packer.read.b (layer 5) imports packer (layer 14)",
         ),
         # a relative import that climbs to the top package
-        ("packer/read/b.py", "from .. import cli\n", "imports packer.cli (layer 13)"),
+        ("packer/read/b.py", "from .. import cli\n", "imports packer.cli (layer 14)"),
         # a cycle inside one package, through a function-level import
         (
             "packer/read/b.py",

@@ -1,0 +1,319 @@
+"""Records → (input_ids, labels), with the assistant masks checked on every sample.
+
+Labels are aligned with `input_ids`, unshifted (the model shifts them; `packer pack` masks the
+first label of every sample), -100 where nothing is trained:
+
+- text: the tokens (with the tokenizer's special tokens) and EOS, all trained;
+- completion: the prompt masked; the completion and EOS trained. The prompt's tokens must be a
+  prefix of the pair's tokens: otherwise the model would be trained on a tokenization of the
+  prompt it never sees at inference;
+- chat: the whole render tokenized once; each assistant turn (`train_on="assistant"`), the last
+  one (`"last"`) or every token (`"all"`) trained.
+
+Checks on every chat, never warnings (each a `RawRecordError` or `TemplateError` with the
+record's `index`): no token crosses the start or end of a trained span (so the ids are those of
+the whole render, and the prompt before a reply tokenizes the same alone), every trained turn
+ends with the end-of-turn token, and no sample has an empty mask unless `allow_empty_mask`.
+A content string holding a special token's text (`<|im_end|>`) is refused: it would be read as
+a control token.
+
+`encode_batch` renders every record, then tokenizes the batch in one call of the fast tokenizer;
+one `Encoder` per worker process (`Encoder.from_spec`), since one tokenizer shared by threads
+stops scaling.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+import numpy as np
+
+from packer.arguments import boolean, choice
+from packer.errors import option
+from packer.tokenize.loading import (
+    TokenizerError,
+    load_tokenizer,
+    read_template,
+    text_digest,
+    tokenizer_digest,
+    tokenizer_template,
+)
+from packer.tokenize.records import RawRecordError, Record
+from packer.tokenize.template import ChatTemplate, TemplateError
+
+IGNORE = -100
+TRAIN_ON = ("assistant", "last", "all")
+ENCODING_VERSION = 1  # bump when the same inputs and options would give other ids or labels
+
+
+class Encoder:
+    """Turns `Record`s into ids and labels with one tokenizer and one chat template."""
+
+    def __init__(
+        self,
+        tokenizer,
+        chat_template=None,
+        train_on: str = "assistant",
+        allow_empty_mask: bool = False,
+        *,
+        template_text: str | None = None,
+    ):
+        self.train_on = choice(train_on, "train_on", TRAIN_ON)
+        self.allow_empty_mask = boolean(allow_empty_mask, "allow_empty_mask")
+        self.source = str(tokenizer)
+        self.tokenizer = load_tokenizer(self.source)
+        self.tokenizer_sha256 = tokenizer_digest(self.source, self.tokenizer)
+        self.chat_template = None if chat_template is None else str(chat_template)
+        if template_text is None and chat_template is not None:
+            template_text = read_template(chat_template)
+        self.template_text = template_text or tokenizer_template(self.tokenizer)
+        self.template = None
+        if self.template_text is not None:
+            where = self.chat_template or f"the chat template of {self.source}"
+            self.template = ChatTemplate(
+                self.template_text,
+                dict(self.tokenizer.special_tokens_map),
+                special_tokens(self.tokenizer),
+                where,
+            )
+        self.eos_id = int(self.tokenizer.eos_token_id)
+        self.eot_id = None if self.template is None else self.token_id(self.template.eot)
+        self.control = control_pattern(self.tokenizer)
+        # the chat renders are tokenized without the post-processor, whose offsets can skip the
+        # spaces a byte-level token starts with; the ids are the same (no special tokens added)
+        self.chat_backend = self.tokenizer.backend_tokenizer.__class__.from_str(
+            self.tokenizer.backend_tokenizer.to_str()
+        )
+        self.chat_backend.post_processor = None
+        self.fingerprint = self.compute_fingerprint()
+
+    # ------------------------------------------------------------------ identity
+
+    def token_id(self, text: str) -> int:
+        ids = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        if len(ids) != 1:
+            raise TokenizerError(f"{option('tokenizer')}: {text!r} is not one token")
+        return ids[0]
+
+    @property
+    def spec(self) -> dict:
+        """What `from_spec` needs to rebuild this encoder in another process (plain values);
+        the template travels as text, so a worker need not see the file."""
+        return {
+            "tokenizer": self.source,
+            "chat_template": self.chat_template,
+            "template_text": self.template_text if self.chat_template else None,
+            "train_on": self.train_on,
+            "allow_empty_mask": self.allow_empty_mask,
+            "fingerprint": self.fingerprint,
+        }
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> Encoder:
+        encoder = cls(
+            spec["tokenizer"],
+            spec["chat_template"],
+            spec["train_on"],
+            spec["allow_empty_mask"],
+            template_text=spec["template_text"],
+        )
+        if encoder.fingerprint != spec["fingerprint"]:
+            raise TokenizerError(
+                f"{option('tokenizer')}: {spec['tokenizer']} changed since the run started "
+                "(its files or the installed tokenizers/transformers differ)"
+            )
+        return encoder
+
+    def compute_fingerprint(self) -> str:
+        import tokenizers
+        import transformers
+
+        parts = {
+            "encoding": ENCODING_VERSION,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "template_sha256": text_digest(self.template_text),
+            "train_on": self.train_on,
+            "allow_empty_mask": self.allow_empty_mask,
+            "tokenizers": tokenizers.__version__,
+            "transformers": transformers.__version__,
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    def describe(self) -> dict:
+        """What the manifest records about the tokenization."""
+        return {
+            "tokenizer": self.source,
+            "tokenizer_sha256": self.tokenizer_sha256,
+            "chat_template": self.chat_template,
+            "chat_template_sha256": text_digest(self.template_text),
+            "mask_method": None if self.template is None else self.template.method,
+            "end_of_turn": None if self.template is None else self.template.eot,
+            "train_on": self.train_on,
+            "allow_empty_mask": self.allow_empty_mask,
+            "fingerprint": self.fingerprint,
+        }
+
+    # ------------------------------------------------------------------ encoding
+
+    def encode_batch(self, records: list[Record]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(input_ids, labels) per record, both int32; RawRecordError(index=i) on a bad one."""
+        texts, plain, chats = [], [], []  # plain: texts tokenized with special tokens
+        for i, record in enumerate(records):
+            self.check_control(record, i)
+            if record.kind == "text":
+                plain.append(record.text)
+            elif record.kind == "completion":
+                plain += [record.prompt, record.prompt + record.completion]
+            elif record.kind == "chat":
+                text, spans = self.chat_spans(record, i)
+                texts.append(text)
+                chats.append(spans)
+            else:
+                raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
+        plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
+        chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
+        chat_spans = iter(chats)
+        out = []
+        for i, record in enumerate(records):
+            if record.kind == "text":
+                out.append(self.text_sample(next(plain_ids).ids))
+            elif record.kind == "completion":
+                prompt, whole = next(plain_ids).ids, next(plain_ids).ids
+                out.append(self.completion_sample(prompt, whole, i))
+            else:
+                out.append(self.chat_sample(next(chat_encodings), next(chat_spans), i))
+        return out
+
+    def with_eos(self, ids: list[int]) -> np.ndarray:
+        array = np.asarray(ids, dtype=np.int32)
+        if array.size and array[-1] == self.eos_id:
+            return array
+        return np.append(array, np.int32(self.eos_id))
+
+    def text_sample(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        ids = self.with_eos(ids)
+        return ids, ids.copy()
+
+    def completion_sample(self, prompt, whole, index: int) -> tuple[np.ndarray, np.ndarray]:
+        if prompt and prompt[-1] == self.eos_id:  # a post-processor that appends EOS
+            prompt = prompt[:-1]
+        if whole[: len(prompt)] != prompt:
+            raise RawRecordError(
+                "the prompt's tokens are not a prefix of the prompt+completion tokens (a token "
+                "crosses from the prompt into the completion: move the space or newline between "
+                "them to the start of the completion)",
+                index=index,
+            )
+        ids = self.with_eos(whole)
+        labels = ids.copy()
+        labels[: len(prompt)] = IGNORE
+        if self.train_on != "all" and not (labels != IGNORE).any():
+            self.empty_mask(index)
+        if self.train_on == "all":
+            labels = ids.copy()
+        return ids, labels
+
+    def chat_spans(self, record: Record, index: int) -> tuple[str, list[tuple[int, int]]]:
+        if self.template is None:
+            raise TemplateError(
+                f"{self.source} has no chat template: pass one ({option('chat_template')})",
+                index=index,
+                usage=True,
+            )
+        try:
+            return self.template.assistant_spans(record.messages, record.tools, index)
+        except (TemplateError, RawRecordError):
+            raise
+        except Exception as e:  # the template's raise_exception, a jinja error on this chat
+            message = str(e).strip().splitlines()
+            raise RawRecordError(
+                f"the chat template fails on this chat: {message[0] if message else type(e).__name__}",
+                index=index,
+            ) from None
+
+    def chat_sample(self, encoding, spans, index: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.asarray(encoding.ids, dtype=np.int32)
+        if self.train_on == "all":
+            return ids, ids.copy()
+        if self.train_on == "last":
+            spans = spans[-1:]
+        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+        starts, ends = offsets[:, 0], offsets[:, 1]
+        labels = np.full(ids.shape, IGNORE, dtype=np.int32)
+        for turn, (start, end) in enumerate(spans):
+            first = token_at(starts, ends, start, index, turn, "start")
+            stop = token_at(starts, ends, end, index, turn, "end")
+            if stop <= first:
+                raise RawRecordError(f"assistant turn {turn + 1} renders no token", index=index)
+            if ids[stop - 1] != self.eot_id:
+                raise RawRecordError(
+                    f"assistant turn {turn + 1}'s trained tokens do not end with the end-of-turn "
+                    f"token {self.template.eot!r} (a template whose generation block leaves it out "
+                    "teaches the model never to stop)",
+                    index=index,
+                )
+            labels[first:stop] = ids[first:stop]
+        if not (labels != IGNORE).any():
+            self.empty_mask(index)
+        return ids, labels
+
+    def empty_mask(self, index: int) -> None:
+        if not self.allow_empty_mask:
+            raise RawRecordError(
+                f"no token is trained ({option('allow_empty_mask')} allows such samples)",
+                index=index,
+            )
+
+    def check_control(self, record: Record, index: int) -> None:
+        if self.control is None:
+            return
+        for where, text in record_texts(record):
+            found = self.control.search(text)
+            if found:
+                raise RawRecordError(
+                    f"{where} holds the special token {found.group()!r}, which would be read as a "
+                    "control token",
+                    index=index,
+                )
+
+
+def token_at(starts, ends, char: int, index: int, turn: int, side: str) -> int:
+    """The first token that starts at or after `char`; RawRecordError if a token crosses it."""
+    at = int(np.searchsorted(starts, char, side="left"))
+    if at > 0 and ends[at - 1] > char and starts[at - 1] < char:
+        raise RawRecordError(
+            f"a token crosses the {side} of assistant turn {turn + 1} (tokenizing the whole chat "
+            "merges the reply with the text around it)",
+            index=index,
+        )
+    return at
+
+
+def special_tokens(tokenizer) -> list[str]:
+    """The texts of the added tokens that are special (control tokens)."""
+    tokens = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    return sorted(tokens | set(tokenizer.all_special_tokens))
+
+
+def control_pattern(tokenizer):
+    tokens = sorted(special_tokens(tokenizer), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, tokens))) if tokens else None
+
+
+def record_texts(record: Record):
+    """(where, text) of every string of a record that is tokenized as the user wrote it."""
+    if record.kind == "text":
+        yield "text", record.text
+    elif record.kind == "completion":
+        yield "prompt", record.prompt
+        yield "completion", record.completion
+    else:
+        for i, message in enumerate(record.messages):
+            content = message["content"]
+            if isinstance(content, str):
+                yield f"messages[{i}].content", content
+            else:
+                for j, part in enumerate(content):
+                    yield f"messages[{i}].content[{j}].text", part["text"]

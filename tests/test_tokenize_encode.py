@@ -1,0 +1,431 @@
+"""packer.tokenize: raw records → input_ids and labels, with the assistant masks checked.
+
+Tokenizers are byte-level BPEs trained in the test (tests/tokenizers_util.py), saved with ChatML
+templates with and without generation tags; byte-level decoding is exact, so trained tokens are
+compared with the texts they must hold character for character. No hub.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tokenizers_util import EOS, EOT, TEMPLATES, build_tokenizer
+
+from packer.errors import UsageError
+
+pytest.importorskip("transformers")
+
+from packer.tokenize import (  # noqa: E402
+    Encoder,
+    RawColumns,
+    RawRecordError,
+    Record,
+    TemplateError,
+    TokenizerError,
+    to_record,
+)
+
+CHAT = [
+    {"role": "system", "content": "be brief"},
+    {"role": "user", "content": "how are you?"},
+    {"role": "assistant", "content": "fine, café ☕"},
+    {"role": "user", "content": "what is 2 + 2?"},
+    {"role": "assistant", "content": "it is 4\nsee: 2 + 2 = 4"},
+]
+
+
+@pytest.fixture(scope="module")
+def toks(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("tokenizers")
+    names = {**TEMPLATES, "bare": None}
+    return {name: build_tokenizer(root / name, text) for name, text in names.items()}
+
+
+@pytest.fixture(scope="module")
+def encoders(toks) -> dict:
+    return {name: Encoder(toks[name]) for name in ("tagged", "plain")}
+
+
+def trained(encoder: Encoder, ids, labels) -> str:
+    assert ids.dtype == np.int32 and labels.dtype == np.int32 and ids.shape == labels.shape
+    kept = labels != -100
+    assert (labels[kept] == ids[kept]).all()
+    return encoder.tokenizer.decode(ids[kept].tolist())
+
+
+def encode_one(encoder: Encoder, row: dict):
+    return encoder.encode_batch([to_record(row)])[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+
+
+def test_kinds_are_detected_per_row():
+    assert to_record({"text": "a"}) == Record("text", text="a")
+    assert to_record({"prompt": "q", "completion": "a"}).kind == "completion"
+    chat = to_record({"messages": CHAT, "text": None})
+    assert chat.kind == "chat" and chat.messages[2] == CHAT[2]
+    share = to_record(
+        {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]}
+    )
+    assert share.messages == (
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+    )
+    alpaca = to_record({"instruction": "add", "input": "2 2", "output": "4"})
+    assert alpaca.messages == (
+        {"role": "user", "content": "add\n\n2 2"},
+        {"role": "assistant", "content": "4"},
+    )
+    renamed = to_record({"chat": CHAT}, RawColumns(messages="chat"))
+    assert renamed.kind == "chat"
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"messages": []}, "messages is an empty conversation"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant turn"),
+        ({"messages": [{"role": "bot", "content": "hi"}]}, "messages[0].role is 'bot'"),
+        (
+            {"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "a"}]},
+            "messages[0].content must be a string, got int",
+        ),
+        (
+            {"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "a"}]},
+            "messages[0].content is empty",
+        ),
+        ({"messages": "hi"}, "messages must be a list of messages, got str"),
+        ({"conversations": [{"from": "robot", "value": "x"}]}, "conversations[0].from is 'robot'"),
+        ({"text": ""}, "text is empty"),
+        ({"prompt": "q"}, "completion must be a string, got null"),
+        ({"text": "a", "messages": CHAT}, "both 'messages' and 'text'"),
+        ({"other": 1}, "no 'messages', 'conversations', 'text'"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "image", "url": "x"}]},
+                    {"role": "assistant", "content": "a"},
+                ]
+            },
+            "messages[0].content[0] is a 'image' part: only text parts",
+        ),
+    ],
+)
+def test_bad_records_say_what_is_wrong(row, message):
+    with pytest.raises(RawRecordError) as info:
+        to_record(row)
+    assert message in str(info.value)
+    assert info.value.exit_code == 1 and "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Texts and prompt/completion pairs
+
+
+def test_text_trains_everything_and_eos(encoders):
+    enc = encoders["plain"]
+    ids, labels = encode_one(enc, {"text": "the water"})
+    assert trained(enc, ids, labels) == "the water" + EOS
+    assert ids[-1] == enc.eos_id and (labels == ids).all()
+
+
+def test_completion_masks_the_prompt(encoders):
+    enc = encoders["plain"]
+    ids, labels = encode_one(enc, {"prompt": "Q: the water", "completion": " is wet"})
+    assert enc.tokenizer.decode(ids.tolist()) == "Q: the water is wet" + EOS
+    assert trained(enc, ids, labels) == " is wet" + EOS
+    assert labels[0] == -100
+
+
+def test_completion_whose_prompt_tokenizes_otherwise_is_refused(encoders):
+    # "water " alone ends in a space token; "water is" tokenizes the space with "is"
+    with pytest.raises(RawRecordError, match="not a prefix"):
+        encode_one(encoders["plain"], {"prompt": "the water ", "completion": "is wet"})
+
+
+# --------------------------------------------------------------------------------------------
+# Chats
+
+
+@pytest.mark.parametrize("name", ["tagged", "plain"])
+def test_chat_trains_each_reply_and_its_end_of_turn(encoders, name):
+    enc = encoders[name]
+    ids, labels = encode_one(enc, {"messages": CHAT})
+    assert enc.tokenizer.decode(ids.tolist()) == enc.tokenizer.apply_chat_template(
+        CHAT, tokenize=False
+    )
+    assert trained(enc, ids, labels) == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"
+    assert (
+        enc.describe()["mask_method"]
+        == {"tagged": "generation-tags", "plain": "prefix-rendering"}[name]
+    )
+
+
+@pytest.mark.parametrize("name", ["tagged", "plain"])
+def test_train_on_last_and_all(toks, name):
+    last = Encoder(toks[name], train_on="last")
+    ids, labels = encode_one(last, {"messages": CHAT})
+    assert trained(last, ids, labels) == f"it is 4\nsee: 2 + 2 = 4{EOT}"
+    every = Encoder(toks[name], train_on="all")
+    ids, labels = encode_one(every, {"messages": CHAT})
+    assert (labels == ids).all()
+    assert every.fingerprint != last.fingerprint
+
+
+def test_a_reply_that_opens_the_chat(encoders):
+    chat = [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "hi"}]
+    for enc in encoders.values():
+        ids, labels = encode_one(enc, {"messages": chat})
+        assert trained(enc, ids, labels) == "hello" + EOT
+
+
+def test_batch_mixes_kinds_in_order(encoders):
+    enc = encoders["plain"]
+    rows = [{"text": "the oil"}, {"messages": CHAT}, {"prompt": "a", "completion": " b"}]
+    batch = enc.encode_batch([to_record(r) for r in rows])
+    assert [trained(enc, *pair) for pair in batch] == [
+        "the oil" + EOS,
+        f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}",
+        " b" + EOS,
+    ]
+    for row, pair in zip(rows, batch):  # the same as one at a time
+        alone = encode_one(enc, row)
+        assert all((a == b).all() for a, b in zip(pair, alone))
+
+
+# --------------------------------------------------------------------------------------------
+# Templates that are refused, and checks that fire
+
+
+def chat_with_reasoning(turns: int) -> list[dict]:
+    chat = []
+    for t in range(turns):
+        chat.append({"role": "user", "content": f"question {t}"})
+        chat.append({"role": "assistant", "content": f"answer {t}", "reasoning_content": "hmm"})
+    return chat
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_chat(toks):
+    enc = Encoder(toks["reasoning"])
+    ok = to_record({"messages": chat_with_reasoning(1)})
+    ids, labels = enc.encode_batch([ok])[0]  # one turn: its reasoning is rendered both times
+    assert trained(enc, ids, labels) == f"<think>\nhmm\n</think>\n\nanswer 0{EOT}"
+    with pytest.raises(TemplateError) as info:
+        enc.encode_batch([ok, ok, to_record({"messages": chat_with_reasoning(2)})])
+    assert info.value.index == 2 and info.value.exit_code == 1
+    message = str(info.value)
+    assert "renders the turns before messages[1] differently" in message and "\n" not in message
+    assert "generation" in message
+
+
+def tagged_without_end_of_turn() -> str:
+    return TEMPLATES["tagged"].replace(
+        "{%- generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}",
+        "{%- generation %}{{ message['content'] }}{% endgeneration %}{{- '<|im_end|>' }}",
+    )
+
+
+def test_generation_block_that_leaves_out_the_end_of_turn_is_caught(toks, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text(tagged_without_end_of_turn())
+    assert template.read_text() != TEMPLATES["tagged"]
+    enc = Encoder(toks["bare"], chat_template=template)
+    with pytest.raises(
+        RawRecordError, match="do not end with the end-of-turn token '<\\|im_end\\|>'"
+    ):
+        encode_one(enc, {"messages": CHAT})
+
+
+def test_a_token_crossing_into_the_reply_is_caught(toks, tmp_path):
+    # the generation prompt ends in a space, which byte-level BPE joins to the reply's first word
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["plain"].replace("\\n' }}", " ' }}"))
+    enc = Encoder(toks["bare"], chat_template=template)
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the water"}]
+    with pytest.raises(RawRecordError, match="a token crosses the start of assistant turn 1"):
+        encode_one(enc, {"messages": chat})
+
+
+def test_content_holding_a_control_token_is_refused(encoders):
+    chat = [{"role": "user", "content": f"hi{EOT}"}, {"role": "assistant", "content": "ok"}]
+    with pytest.raises(RawRecordError, match=r"messages\[0\].content holds the special token"):
+        encode_one(encoders["plain"], {"messages": chat})
+    with pytest.raises(RawRecordError, match="text holds the special token"):
+        encode_one(encoders["plain"], {"text": f"a{EOS}b"})
+
+
+def test_empty_mask_is_refused_unless_allowed(toks):
+    strict, lenient = Encoder(toks["plain"]), Encoder(toks["plain"], allow_empty_mask=True)
+    encoding = strict.chat_backend.encode(
+        "<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False
+    )
+    with pytest.raises(RawRecordError, match="no token is trained"):
+        strict.chat_sample(encoding, [], 0)
+    ids, labels = lenient.chat_sample(encoding, [], 0)
+    assert (labels == -100).all() and len(ids) > 0
+
+
+def test_template_with_no_special_token_after_a_reply_is_refused(toks, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}")
+    with pytest.raises(TemplateError) as info:
+        Encoder(toks["bare"], chat_template=template)
+    assert info.value.exit_code == 2
+    assert str(info.value).startswith("chat_template: ") and "no special token" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "cannot read"),
+        ("{% for %}", "fails on a two-turn chat"),
+        ("{{ raise_exception('no') }}", "fails on a two-turn chat: no"),
+    ],
+)
+def test_bad_template_files_name_the_option(toks, tmp_path, content, message):
+    template = tmp_path / "t.jinja"
+    if content is not None:
+        template.write_text(content)
+    with pytest.raises(TemplateError) as info:
+        Encoder(toks["bare"], chat_template=template)
+    assert str(info.value).startswith("chat_template: ") and message in str(info.value)
+    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+
+
+def test_chats_need_a_template(toks):
+    enc = Encoder(toks["bare"])
+    assert encode_one(enc, {"text": "the"})[0][-1] == enc.eos_id  # texts do not
+    with pytest.raises(TemplateError, match="has no chat template: pass one"):
+        encode_one(enc, {"messages": CHAT})
+
+
+def test_tokenizer_errors_are_one_line(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as with no network
+    with pytest.raises(TokenizerError, match=r"^tokenizer: \./nope is not a directory$"):
+        Encoder("./nope")
+    with pytest.raises(TokenizerError) as info:
+        Encoder("no-such-org/no-such-model")
+    text = str(info.value)
+    assert text.startswith("tokenizer: no-such-org/no-such-model is not a local directory and ")
+    assert "\n" not in text and info.value.exit_code == 2
+    with pytest.raises(TokenizerError, match="cannot load"):
+        Encoder(tmp_path)  # an empty directory
+    with pytest.raises(UsageError, match="unknown train_on 'users'"):
+        Encoder(tmp_path, train_on="users")
+
+
+# --------------------------------------------------------------------------------------------
+# Tool calls and multi-part content
+
+CALL = {"type": "function", "function": {"name": "weather", "arguments": {"city": "paris"}}}
+TOOL_CHAT = [
+    {
+        "role": "user",
+        "content": [{"type": "text", "text": "the "}, {"type": "text", "text": "weather?"}],
+    },
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "content": "sun", "tool_call_id": "1"},
+    {"role": "assistant", "content": [{"type": "text", "text": "it is sun"}]},
+]
+
+
+def test_tool_calls_and_text_parts_go_through_a_template_that_renders_them(toks):
+    enc = Encoder(toks["tools"])
+    assert enc.template.parts and enc.template.tool_calls
+    ids, labels = encode_one(enc, {"messages": TOOL_CHAT})
+    text = enc.tokenizer.decode(ids.tolist())
+    assert "<|im_start|>user\nthe weather?<|im_end|>" in text
+    call = '<tool_call>weather {"city": "paris"}</tool_call>'
+    assert trained(enc, ids, labels) == f"{call}{EOT}it is sun{EOT}"
+
+
+def test_text_parts_are_joined_for_a_template_that_renders_strings_only(encoders):
+    enc = encoders["plain"]
+    assert not enc.template.parts
+    chat = [TOOL_CHAT[0], TOOL_CHAT[3]]
+    ids, labels = encode_one(enc, {"messages": chat})
+    assert "user\nthe weather?<|im_end|>" in enc.tokenizer.decode(ids.tolist())
+    assert trained(enc, ids, labels) == f"it is sun{EOT}"
+
+
+def test_tool_calls_with_a_template_that_ignores_them_are_refused(encoders):
+    with pytest.raises(RawRecordError, match="has tool calls and .* does not render them"):
+        encode_one(encoders["plain"], {"messages": TOOL_CHAT})
+
+
+# --------------------------------------------------------------------------------------------
+# Identity: fingerprint, spec, describe
+
+
+def test_fingerprint_follows_files_template_and_options_only(toks, tmp_path):
+    import shutil
+
+    base = Encoder(toks["plain"])
+    copy = shutil.copytree(toks["plain"], tmp_path / "elsewhere")
+    assert Encoder(copy).fingerprint == base.fingerprint  # the path does not count
+    assert Encoder(copy).describe()["tokenizer_sha256"] == base.tokenizer_sha256
+    (copy / "notes.bin").write_bytes(b"weights are not read")
+    assert Encoder(copy).fingerprint == base.fingerprint
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["plain"])
+    assert Encoder(copy, chat_template=template).fingerprint == base.fingerprint  # same text
+    template.write_text(TEMPLATES["plain"] + " ")
+    assert Encoder(copy, chat_template=template).fingerprint != base.fingerprint
+    assert Encoder(copy, allow_empty_mask=True).fingerprint != base.fingerprint
+    config = copy / "tokenizer_config.json"
+    config.write_text(config.read_text().replace("{", '{"model_max_length": 7, ', 1))
+    changed = Encoder(copy)
+    assert changed.fingerprint != base.fingerprint
+    assert changed.tokenizer_sha256 != base.tokenizer_sha256
+
+
+def test_describe_names_what_the_manifest_records(toks, tmp_path):
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["tagged"])
+    described = Encoder(toks["bare"], chat_template=template, train_on="last").describe()
+    assert described["tokenizer"] == str(toks["bare"])
+    assert described["chat_template"] == str(template)
+    assert described["mask_method"] == "generation-tags" and described["train_on"] == "last"
+    assert described["end_of_turn"] == EOT
+    assert len(described["tokenizer_sha256"]) == len(described["chat_template_sha256"]) == 64
+
+
+def test_spec_rebuilds_the_encoder_in_another_process(toks, tmp_path):
+    import json
+    import pickle
+    import subprocess
+    import sys
+
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["tagged"])
+    enc = Encoder(toks["bare"], chat_template=template, train_on="last")
+    spec = pickle.loads(pickle.dumps(enc.spec))
+    template.unlink()  # the template travels as text
+    rows = [{"messages": CHAT}, {"text": "the oil"}]
+    expected = [
+        [ids.tolist(), labels.tolist()]
+        for ids, labels in enc.encode_batch([to_record(r) for r in rows])
+    ]
+    code = (
+        "import json, sys\n"
+        "from packer.tokenize import Encoder, to_record\n"
+        "spec, rows = json.loads(sys.stdin.read())\n"
+        "enc = Encoder.from_spec(spec)\n"
+        "out = enc.encode_batch([to_record(r) for r in rows])\n"
+        "print(json.dumps([[i.tolist(), l.tolist()] for i, l in out]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps([spec, rows]),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(done.stdout) == expected
+    changed = dict(spec, fingerprint="0" * 64)
+    with pytest.raises(TokenizerError, match="changed since the run started"):
+        Encoder.from_spec(changed)
