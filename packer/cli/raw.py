@@ -188,15 +188,18 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     if repack or cfg.pairs:
         flag = "--repack" if repack else "--pairs"
         raise UsageError(f"--tokenizer cannot be used with {flag}: INPUT would hold token ids")
+    from packer import arguments as A
     from packer.storage import is_url
-    from packer.tokenize.cache import describe_source, tokenized_input
+    from packer.tokenize.cache import describe_source, local_tokenizer_key, tokenized_input
 
-    encoder = make_encoder(tokenizer, chat_template, train_on, False)
+    train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
+    key = local_tokenizer_key(tokenizer, chat_template, train_on)
     skip = output if is_url(output) else Path(output)
     with tokenize_progress(not json_out) as progress:
         result = tokenized_input(
             inputs,
-            encoder,
+            lambda: make_encoder(tokenizer, chat_template, train_on, False),
+            encoder_key=key,
             workers=workers,
             memory_budget=memory_budget,
             on_error=cfg.on_error,

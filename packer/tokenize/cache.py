@@ -29,12 +29,43 @@ def cache_dir() -> Path:
     return cache_root() / "tokenized"
 
 
-def cache_key(files, encoder, columns, on_error: str) -> str:
+def local_tokenizer_key(
+    tokenizer, chat_template=None, train_on: str = "assistant", allow_empty_mask: bool = False
+) -> str | None:
+    """What identifies an encoder of a local tokenizer directory without building it (no
+    transformers import, no tokenizer load: a second or two of every cached run): its files'
+    bytes, the template file's, the options, the encoding's and the libraries' versions. None
+    for a hub name, whose files are only known once loaded."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packer.tokenize.encode import ENCODING_VERSION
+    from packer.tokenize.loading import files_digest
+
+    directory = Path(str(tokenizer)).expanduser()
+    if not directory.is_dir():
+        return None
+    try:
+        template = None if chat_template is None else Path(chat_template).read_bytes()
+        libraries = [version("tokenizers"), version("transformers")]
+    except (OSError, PackageNotFoundError):
+        return None  # the encoder's construction reports it
+    parts = {
+        "encoding": ENCODING_VERSION,
+        "tokenizer": files_digest(directory),
+        "template": None if template is None else hashlib.sha256(template).hexdigest(),
+        "train_on": train_on,
+        "allow_empty_mask": bool(allow_empty_mask),
+        "libraries": libraries,
+    }
+    return "local:" + hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def cache_key(files, encoder_key: str, columns, on_error: str) -> str:
     digest = hashlib.sha256()
     parts = {
         "format": FORMAT,
         "batch": [BATCH_ROWS, BATCH_BYTES],
-        "encoder": encoder.fingerprint,
+        "encoder": encoder_key,
         "columns": asdict(columns),
         "on_error": on_error,
         "inputs": [[f.fmt, f.compression, hashing.file_digest(f.path)] for f in files],
@@ -53,16 +84,22 @@ def tokenized_input(
     on_error: str = "error",
     progress=None,
     skip: Path | str | None = None,
+    encoder_key: str | None = None,
 ) -> TokenizeResult:
     """The cache entry for these raw inputs and this encoder, tokenized now if missing.
 
-    `result.output` is the entry's directory (Parquet input for `packer pack`); `result.reused`
-    says whether it was there already. skip: the output being written (left out of inputs)."""
+    encoder: an `Encoder`, or a function that builds one, called only when the entry is
+    missing; then `encoder_key` (`local_tokenizer_key`) must identify it. `result.output` is the
+    entry's directory (Parquet input for `packer pack`); `result.reused` says whether it was
+    there already. skip: the output being written (left out of inputs)."""
     from packer.tokenize.records import RawColumns
 
     columns = columns if columns is not None else RawColumns()
     files = raw_inputs(list(inputs), skip=skip)
-    entry = cache_dir() / cache_key(files, encoder, columns, on_error)
+    if encoder_key is None:
+        encoder = encoder() if callable(encoder) else encoder
+        encoder_key = encoder.fingerprint
+    entry = cache_dir() / cache_key(files, encoder_key, columns, on_error)
     manifest = read_tokenized(entry)
     if manifest is not None:
         stats = manifest.get("stats", {})
@@ -79,7 +116,7 @@ def tokenized_input(
     return tokenize(
         files,
         entry,
-        encoder,
+        encoder() if callable(encoder) else encoder,
         columns,
         workers=workers,
         memory_budget=memory_budget,
