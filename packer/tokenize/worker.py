@@ -116,10 +116,18 @@ def _write_shard(path: Path, encoded: list) -> None:
     np.cumsum(lengths, out=offsets[1:])
     ids = np.concatenate([np.asarray(i, np.int32) for i, _ in encoded])
     labels = np.concatenate([np.asarray(lab, np.int32) for _, lab in encoded])
-    table = pa.table(
-        {
-            "input_ids": pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids)),
-            "labels": pa.ListArray.from_arrays(pa.array(offsets), pa.array(labels)),
-        }
+    table = pa.Table.from_arrays(
+        [
+            pa.ListArray.from_arrays(_int32(offsets), _int32(ids)),
+            pa.ListArray.from_arrays(_int32(offsets), _int32(labels)),
+        ],
+        names=["input_ids", "labels"],
     )
     pq.write_table(table, path, row_group_size=max(1, len(encoded)))
+
+
+def _int32(values: np.ndarray) -> pa.Array:
+    """An int32 Arrow array over the numpy buffer. `pa.array` and `pa.table(dict)` would import
+    pandas to look for its types: 1.3 s of CPU in every worker."""
+    values = np.ascontiguousarray(values, np.int32)
+    return pa.Array.from_buffers(pa.int32(), len(values), [None, pa.py_buffer(values)])
