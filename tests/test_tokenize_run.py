@@ -301,3 +301,20 @@ def test_sigterm_while_tokenizing_leaves_nothing(tokenizer, tmp_path):
     assert not (tmp_path / "out").exists()
     time.sleep(0.5)
     assert leftovers(tmp_path) == []
+
+
+def test_memory_budget_caps_the_workers_and_leaves_the_bytes(tokenizer, tmp_path):
+    from packer.errors import UsageError
+    from packer.tokenize.encode import Encoder
+    from packer.tokenize.run import tokenize
+
+    raw = write_jsonl(tmp_path / "raw.jsonl", records(50, seed=6))
+    encoder = Encoder(str(tokenizer))
+    small = tokenize(raw, tmp_path / "small", encoder, workers=2, memory_budget="600MiB")
+    large = tokenize(raw, tmp_path / "large", encoder, workers=2, memory_budget="2GiB")
+    assert (small.workers, large.workers) == (1, 2)
+    assert digests(tmp_path / "small", "part-*") == digests(tmp_path / "large", "part-*")
+    with pytest.raises(UsageError, match="memory_budget"):
+        tokenize(raw, tmp_path / "bad", encoder, memory_budget="lots")
+    with pytest.raises(UsageError, match="output directory exists"):
+        tokenize(raw, tmp_path / "small", encoder)
