@@ -318,3 +318,28 @@ def test_memory_budget_caps_the_workers_and_leaves_the_bytes(tokenizer, tmp_path
         tokenize(raw, tmp_path / "bad", encoder, memory_budget="lots")
     with pytest.raises(UsageError, match="output directory exists"):
         tokenize(raw, tmp_path / "small", encoder)
+
+
+def test_verify_rerenders_the_raw_input(cli, tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    raw = write_jsonl(tmp_path / "raw.jsonl", records(90, seed=7))
+    res = cli("pack", raw, "--tokenizer", tokenizer, "-o", tmp_path / "p", "-L", "256")
+    assert res.exit_code == 0, res.stderr
+    check = ("verify", tmp_path / "p", "--input", raw, "--tokenizer", tokenizer, "--no-attention")
+    res = cli(*check, "--json")
+    assert res.exit_code == 0, res.stderr
+    checked = json.loads(res.stdout)["checks"]["input"]
+    assert checked["ok"] and checked["ran"] and checked["samples"] == 90, checked
+    # another template: refused in one line, before any check
+    template = tmp_path / "other.jinja"
+    template.write_text(CHATML.replace("<|im_end|>\\n", "<|im_end|>"))
+    res = cli(*check, "--chat-template", template)
+    assert res.exit_code == 1
+    assert "was packed with another tokenizer, template or --train-on" in res.stderr
+    # a raw record changed after packing: the fresh render no longer matches
+    rows = records(90, seed=7)
+    rows[10] = records(3, seed=99)[1]
+    write_jsonl(raw, rows)
+    res = cli(*check)
+    assert res.exit_code == 1, res.stderr
+    assert not list(tmp_path.glob("packer-verify-raw-*"))

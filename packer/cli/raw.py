@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from packer.errors import InputError, UsageError
+
 TRAIN_ON = ("assistant", "last", "all")
 ON_ERROR = ("error", "skip")
 RAW_KEYS = (
@@ -226,3 +228,46 @@ def raw_source(raw: RawPack | None):
 
     with packing_raw(raw.source):
         yield
+
+
+@contextmanager
+def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
+    """`verify --input RAW --tokenizer`: the raw inputs tokenized afresh into a temporary
+    directory (never the cache: the check is against a new render of the raw records), after
+    checking that the output was packed with the same encoder. Yields the inputs to verify."""
+    if tokenizer is None:
+        if chat_template is not None or train_on is not None:
+            flag = "--chat-template" if chat_template is not None else "--train-on"
+            raise UsageError(f"{flag} needs --tokenizer (--input holds raw chats or text)")
+        yield inputs
+        return
+    if not inputs:
+        raise UsageError("--tokenizer needs --input: the raw records the output was packed from")
+    import json
+    import shutil
+    import tempfile
+
+    from packer.tokenize.run import tokenize
+
+    encoder = make_encoder(tokenizer, chat_template, train_on, False)
+    try:
+        manifest = json.loads((Path(output) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = {}  # verify reports what is wrong with the output
+    packed = ((manifest.get("tokenized_from") or {}).get("encoder") or {}).get("fingerprint")
+    if packed is not None and packed != encoder.fingerprint:
+        raise InputError(
+            "was packed with another tokenizer, template or --train-on than --tokenizer and "
+            "--chat-template give (tokenized_from.encoder in its manifest)",
+            where=output,
+        )
+    tmp = Path(tempfile.mkdtemp(prefix="packer-verify-raw-"))
+    try:
+        result = tokenize(inputs, tmp / "tokenized", encoder, on_error=_on_error(manifest))
+        yield [result.output]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _on_error(manifest: dict) -> str:
+    return "skip" if (manifest.get("config") or {}).get("on_error") == "skip" else "error"
