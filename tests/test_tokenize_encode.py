@@ -233,7 +233,7 @@ def test_generation_block_that_leaves_out_the_end_of_turn_is_caught(toks, tmp_pa
     assert template.read_text() != TEMPLATES["tagged"]
     enc = Encoder(toks["bare"], chat_template=template)
     with pytest.raises(
-        RawRecordError, match="do not end with the end-of-turn token '<\\|im_end\\|>'"
+        RawRecordError, match="do not end with an end-of-turn token such as '<\\|im_end\\|>'"
     ):
         encode_one(enc, {"messages": CHAT})
 
@@ -245,6 +245,18 @@ def test_a_token_crossing_into_the_reply_is_caught(toks, tmp_path):
     enc = Encoder(toks["bare"], chat_template=template)
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the water"}]
     with pytest.raises(RawRecordError, match="a token crosses the start of assistant turn 1"):
+        encode_one(enc, {"messages": chat})
+
+
+def test_a_prompt_that_tokenizes_otherwise_alone_is_caught(toks, tmp_path):
+    # "\n\n" ends the prompt: alone it is one token; before a word the regex splits it in two
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["plain"].replace("\\n' }}", "\\n\\n' }}"))
+    enc = Encoder(toks["bare"], chat_template=template)
+    assert len(enc.chat_backend.encode("\n\n").ids) == 1
+    assert len(enc.chat_backend.encode("\n\nthe").ids) == 3
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the water"}]
+    with pytest.raises(RawRecordError, match="before assistant turn 1 tokenizes differently alone"):
         encode_one(enc, {"messages": chat})
 
 
@@ -262,8 +274,8 @@ def test_empty_mask_is_refused_unless_allowed(toks):
         "<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False
     )
     with pytest.raises(RawRecordError, match="no token is trained"):
-        strict.chat_sample(encoding, [], 0)
-    ids, labels = lenient.chat_sample(encoding, [], 0)
+        strict.chat_sample(encoding, [], [], 0)
+    ids, labels = lenient.chat_sample(encoding, [], [], 0)
     assert (labels == -100).all() and len(ids) > 0
 
 
@@ -429,3 +441,161 @@ def test_spec_rebuilds_the_encoder_in_another_process(toks, tmp_path):
     changed = dict(spec, fingerprint="0" * 64)
     with pytest.raises(TokenizerError, match="changed since the run started"):
         Encoder.from_spec(changed)
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (
+            {"role": "user", "content": "x", "tool_calls": [CALL]},
+            "only assistant messages make tool calls",
+        ),
+        (
+            {"role": "assistant", "content": None, "tool_calls": []},
+            "tool_calls must be a non-empty list",
+        ),
+        (
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {}}]},
+            "must have a function with a name",
+        ),
+        ({"role": "assistant", "content": None}, "messages[1].content must be a string, got null"),
+    ],
+)
+def test_bad_tool_calls_are_refused(message, error):
+    with pytest.raises(RawRecordError) as info:
+        to_record({"messages": [{"role": "user", "content": "hi"}, message]})
+    assert error in str(info.value)
+
+
+def test_cli_names_the_flags(toks, tmp_path):
+    from packer.errors import flag_names
+
+    with flag_names():
+        with pytest.raises(TokenizerError, match=r"^--tokenizer: \./nope is not a directory$"):
+            Encoder("./nope")
+        with pytest.raises(TemplateError, match=r"^--chat-template: cannot read "):
+            Encoder(toks["bare"], chat_template=tmp_path / "missing.jinja")
+        with pytest.raises(UsageError, match="--train-on"):
+            Encoder(toks["bare"], train_on="x")
+
+
+def test_skip_errors_keeps_the_good_records_and_returns_the_errors(encoders):
+    enc = encoders["plain"]
+    rows = [
+        {"text": "the oil"},
+        {"text": f"a{EOT}"},  # refused before rendering
+        {"messages": CHAT},
+        {"prompt": "the water ", "completion": "is wet"},  # refused after tokenizing
+        {"prompt": "a", "completion": " b"},
+    ]
+    records = [to_record(r) for r in rows]
+    with pytest.raises(RawRecordError) as info:
+        enc.encode_batch(records)
+    assert info.value.index == 1
+    out = enc.encode_batch(records, skip_errors=True)
+    assert [type(o).__name__ for o in out] == [
+        "tuple",
+        "RawRecordError",
+        "tuple",
+        "RawRecordError",
+        "tuple",
+    ]
+    assert out[1].index == 1 and out[3].index == 3 and "not a prefix" in str(out[3])
+    for i in (0, 2, 4):
+        assert all((a == b).all() for a, b in zip(out[i], encode_one(enc, rows[i])))
+    with pytest.raises(RawRecordError, match="unknown record kind 'image'"):
+        enc.encode_batch([Record("image")])
+
+
+@pytest.mark.parametrize("name", ["tagged", "plain"])
+def test_conversational_prompt_completion_trains_the_completion_only(encoders, name):
+    enc = encoders[name]
+    row = {"prompt": CHAT[:4], "completion": CHAT[4:]}
+    record = to_record(row)
+    assert record.kind == "chat" and record.train_from == 4 and record.messages == tuple(CHAT)
+    ids, labels = encode_one(enc, row)
+    assert (ids == encode_one(enc, {"messages": CHAT})[0]).all()
+    assert trained(enc, ids, labels) == f"it is 4\nsee: 2 + 2 = 4{EOT}"
+    with pytest.raises(RawRecordError, match="the completion has no assistant turn"):
+        to_record({"prompt": CHAT[:3], "completion": [CHAT[3]]})
+    with pytest.raises(
+        RawRecordError, match="completion must be a list of messages like prompt, got str"
+    ):
+        to_record({"prompt": CHAT[:4], "completion": "x"})
+
+
+def test_an_unreachable_hub_fails_at_once_in_one_line(monkeypatch):
+    import time
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    start = time.monotonic()
+    with pytest.raises(TokenizerError) as info:
+        Encoder("no-such-org/no-such-model")
+    assert time.monotonic() - start < 20  # no minute of retries
+    text = str(info.value)
+    assert (
+        "cannot be loaded from the Hugging Face hub: the hub is unreachable (127.0.0.1:9: " in text
+    )
+    assert "\n" not in text
+
+
+def test_a_template_that_drops_a_message_is_caught(toks, tmp_path):
+    template = tmp_path / "t.jinja"  # system prompts are left out
+    template.write_text(
+        TEMPLATES["plain"].replace(
+            "{%- for message in messages %}",
+            "{%- for message in messages if message['role'] != 'system' %}",
+        )
+    )
+    enc = Encoder(toks["bare"], chat_template=template)
+    with pytest.raises(
+        RawRecordError, match=r"does not render messages\[0\]'s content in the render"
+    ):
+        encode_one(enc, {"messages": CHAT})
+    assert (
+        trained(enc, *encode_one(enc, {"messages": CHAT[1:]}))
+        == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"
+    )
+
+
+def test_generation_tags_around_the_wrong_text_are_caught(toks, tmp_path):
+    template = tmp_path / "t.jinja"  # the tags mark the header, the reply falls outside
+    template.write_text(
+        TEMPLATES["tagged"].replace(
+            "{%- generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}",
+            "{%- generation %}{{ 'ok' }}{% endgeneration %}{{ message['content'] + '<|im_end|>' }}",
+        )
+    )
+    enc = Encoder(toks["bare"], chat_template=template)
+    with pytest.raises(RawRecordError, match=r"messages\[2\]'s content in its trained span"):
+        encode_one(enc, {"messages": CHAT})
+
+
+def test_a_template_that_raises_on_a_chat_names_the_chat(toks, tmp_path):
+    template = tmp_path / "t.jinja"
+    check = "{%- if messages and messages[0]['role'] == 'assistant' %}{{ raise_exception('roles must alternate') }}{%- endif %}"
+    template.write_text(check + TEMPLATES["plain"])
+    enc = Encoder(toks["bare"], chat_template=template)
+    chat = [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "hi"}]
+    records = [to_record({"messages": CHAT}), to_record({"messages": chat})]
+    with pytest.raises(RawRecordError) as info:
+        enc.encode_batch(records)
+    assert str(info.value) == "the chat template fails on this chat: roles must alternate"
+    assert info.value.index == 1
+
+
+def test_a_rows_tools_reach_the_template(toks, tmp_path):
+    template = tmp_path / "t.jinja"
+    header = "{%- if tools %}{{- '<|im_start|>system\\n' + (tools | tojson) + '<|im_end|>\\n' }}{%- endif %}"
+    template.write_text(header + TEMPLATES["plain"])
+    enc = Encoder(toks["bare"], chat_template=template)
+    tools = [{"type": "function", "function": {"name": "weather"}}]
+    ids, labels = encode_one(enc, {"messages": CHAT[1:3], "tools": tools})
+    assert enc.tokenizer.decode(ids.tolist()).startswith('<|im_start|>system\n[{"type": "function"')
+    assert trained(enc, ids, labels) == f"fine, café ☕{EOT}"
+    with pytest.raises(RawRecordError, match="tools must be a list of tool definitions"):
+        to_record({"messages": CHAT, "tools": "weather"})

@@ -4,7 +4,8 @@ The reference knows ChatML's structure and builds each chat turn by turn, tokeni
 apart (`<|im_start|>`, `role\\n`, content, `<|im_end|>`, `\\n`) with no template, no rendering and
 no character offsets; it trains an assistant turn's content and its `<|im_end|>`. The encoder
 renders the template and maps spans found by generation tags or by prefix rendering: both must
-give the same ids and labels on every chat (system prompt or not, 1-4 turns), text and pair.
+give the same ids and labels on every chat (OpenAI, ShareGPT or Alpaca; system prompt or not;
+1-4 turns), text and pair.
 For the tagged template, transformers' own `return_assistant_tokens_mask` is checked too.
 """
 
@@ -56,8 +57,17 @@ def records(seed: int) -> list[dict]:
     rows = []
     for _ in range(N):
         pick = rng.random()
-        if pick < 0.7:
+        if pick < 0.5:
             rows.append({"messages": generated_chat(rng)})
+        elif pick < 0.6:  # ShareGPT
+            speakers = {"system": "system", "user": "human", "assistant": "gpt"}
+            chat = [
+                {"from": speakers[m["role"]], "value": m["content"]} for m in generated_chat(rng)
+            ]
+            rows.append({"conversations": chat})
+        elif pick < 0.7:  # Alpaca, with or without an input
+            extra = sentence(rng) if rng.random() < 0.5 else ""
+            rows.append({"instruction": sentence(rng), "input": extra, "output": sentence(rng)})
         elif pick < 0.85:
             rows.append({"text": sentence(rng)})
         else:
@@ -74,6 +84,14 @@ def reference(tok, row: dict, train_on: str) -> tuple[list[int], list[int]]:
     eos = tok.eos_token_id
     if "messages" in row:
         return reference_chat(tok, row["messages"], train_on)
+    if "conversations" in row:
+        roles = {"system": "system", "human": "user", "gpt": "assistant"}
+        chat = [{"role": roles[t["from"]], "content": t["value"]} for t in row["conversations"]]
+        return reference_chat(tok, chat, train_on)
+    if "instruction" in row:
+        user = row["instruction"] + (f"\n\n{row['input']}" if row["input"] else "")
+        chat = [{"role": "user", "content": user}, {"role": "assistant", "content": row["output"]}]
+        return reference_chat(tok, chat, train_on)
     if "text" in row:
         ids = [*tok.encode(row["text"]), eos]
         return ids, ids
@@ -89,7 +107,10 @@ def reference(tok, row: dict, train_on: str) -> tuple[list[int], list[int]]:
 def test_encoder_matches_the_reference(toks, name, train_on):
     enc = Encoder(toks[name], train_on=train_on)
     rows = records(seed=sum(map(ord, name + train_on)))
-    assert sum("messages" in r for r in rows) > N // 2
+    assert sum("messages" in r for r in rows) > N // 3
+    assert (
+        sum("conversations" in r for r in rows) > 10 and sum("instruction" in r for r in rows) > 10
+    )
     assert {len(r["messages"]) for r in rows if "messages" in r} >= {
         2,
         3,

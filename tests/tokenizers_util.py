@@ -106,7 +106,9 @@ def build_tokenizer(path: Path, template: str | None, *, vocab_size: int = 600) 
         show_progress=False,
     )
     rng = random.Random(0)
-    tok.train_from_iterator([sentence(rng, 5, 30) for _ in range(400)], trainer)
+    corpus = [sentence(rng, 5, 30) for _ in range(400)]
+    corpus += [sentence(rng) + "\n\n " + sentence(rng) for _ in range(200)]  # "\n\n": a token
+    tok.train_from_iterator(corpus, trainer)
     PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=EOS, pad_token=EOS, chat_template=template
     ).save_pretrained(path)

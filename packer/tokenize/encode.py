@@ -10,12 +10,14 @@ first label of every sample), -100 where nothing is trained:
 - chat: the whole render tokenized once; each assistant turn (`train_on="assistant"`), the last
   one (`"last"`) or every token (`"all"`) trained.
 
-Checks on every chat, never warnings (each a `RawRecordError` or `TemplateError` with the
-record's `index`): no token crosses the start or end of a trained span (so the ids are those of
-the whole render, and the prompt before a reply tokenizes the same alone), every trained turn
-ends with the end-of-turn token, and no sample has an empty mask unless `allow_empty_mask`.
-A content string holding a special token's text (`<|im_end|>`) is refused: it would be read as
-a control token.
+Checks on every chat, never warnings (each a `RawRecordError`, or a `TemplateError` for a
+template that rewrites earlier turns, with the record's `index`): every message's text is in
+the render and every reply inside its trained span; no token crosses the start or end of a
+trained span, and the chat before each trained reply tokenizes alone to the ids before it (the
+ids are the whole render's, and the prompt is the one the model sees at inference); every
+trained turn ends with a special token (the end-of-turn token); no sample has an empty mask
+unless `allow_empty_mask`. A content string holding a special token's text (`<|im_end|>`) is
+refused: it would be read as a control token.
 
 `encode_batch` renders every record, then tokenizes the batch in one call of the fast tokenizer;
 one `Encoder` per worker process (`Encoder.from_spec`), since one tokenizer shared by threads
@@ -27,6 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from bisect import bisect_left
+from pathlib import Path
 
 import numpy as np
 
@@ -45,7 +49,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
-ENCODING_VERSION = 1  # bump when the same inputs and options would give other ids or labels
+ENCODING_VERSION = 2  # bump when the same inputs and options would give other ids or labels
 
 
 class Encoder:
@@ -80,6 +84,10 @@ class Encoder:
             )
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.eot_id = None if self.template is None else self.token_id(self.template.eot)
+        # a turn may end with another special token than the probe's (gpt-oss ends the last
+        # reply with <|return|>, earlier ones with <|end|>): any special token ends a turn
+        self.specials = special_tokens(self.tokenizer)
+        self.special_ids = frozenset(self.tokenizer.convert_tokens_to_ids(self.specials))
         self.control = control_pattern(self.tokenizer)
         # the chat renders are tokenized without the post-processor, whose offsets can skip the
         # spaces a byte-level token starts with; the ids are the same (no special tokens added)
@@ -101,8 +109,9 @@ class Encoder:
     def spec(self) -> dict:
         """What `from_spec` needs to rebuild this encoder in another process (plain values);
         the template travels as text, so a worker need not see the file."""
+        local = Path(self.source).expanduser()
         return {
-            "tokenizer": self.source,
+            "tokenizer": str(local.resolve()) if local.is_dir() else self.source,  # any cwd
             "chat_template": self.chat_template,
             "template_text": self.template_text if self.chat_template else None,
             "train_on": self.train_on,
@@ -157,33 +166,59 @@ class Encoder:
 
     # ------------------------------------------------------------------ encoding
 
-    def encode_batch(self, records: list[Record]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(input_ids, labels) per record, both int32; RawRecordError(index=i) on a bad one."""
-        texts, plain, chats = [], [], []  # plain: texts tokenized with special tokens
+    def encode_batch(
+        self, records: list[Record], *, skip_errors: bool = False
+    ) -> list[tuple[np.ndarray, np.ndarray] | RawRecordError]:
+        """(input_ids, labels) per record, both int32. A bad record raises
+        RawRecordError(index=i); with `skip_errors`, its entry is that error instead and the
+        others are encoded (`--on-error skip`). A refused template always raises."""
+        out: list = [None] * len(records)
+        texts, plain, chats, prompts = [], [], [], []  # plain: tokenized with special tokens
         for i, record in enumerate(records):
-            self.check_control(record, i)
+            try:
+                if record.kind not in ("text", "completion", "chat"):
+                    raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
+                self.check_control(record, i)
+                if record.kind == "chat":
+                    text, spans = self.chat_spans(record, i)
+            except RawRecordError as e:
+                if not skip_errors:
+                    raise
+                out[i] = e
+                continue
             if record.kind == "text":
                 plain.append(record.text)
             elif record.kind == "completion":
                 plain += [record.prompt, record.prompt + record.completion]
-            elif record.kind == "chat":
-                text, spans = self.chat_spans(record, i)
-                texts.append(text)
-                chats.append(spans)
             else:
-                raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
+                texts.append(text)
+                turns = [
+                    (n, span, self.prompt_tail(text, span[0]))
+                    for n, span in self.trained_turns(record, spans)
+                ]
+                chats.append(turns)
+                prompts += [text[tail : span[0]] for _, span, tail in turns]
         plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
         chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
+        prompt_ids = iter(self.chat_backend.encode_batch(prompts, add_special_tokens=False))
         chat_spans = iter(chats)
-        out = []
         for i, record in enumerate(records):
-            if record.kind == "text":
-                out.append(self.text_sample(next(plain_ids).ids))
-            elif record.kind == "completion":
-                prompt, whole = next(plain_ids).ids, next(plain_ids).ids
-                out.append(self.completion_sample(prompt, whole, i))
-            else:
-                out.append(self.chat_sample(next(chat_encodings), next(chat_spans), i))
+            if out[i] is not None:
+                continue
+            try:
+                if record.kind == "text":
+                    out[i] = self.text_sample(next(plain_ids).ids)
+                elif record.kind == "completion":
+                    prompt, whole = next(plain_ids).ids, next(plain_ids).ids
+                    out[i] = self.completion_sample(prompt, whole, i)
+                else:
+                    turns, encoding = next(chat_spans), next(chat_encodings)
+                    alone = [next(prompt_ids).ids for _ in turns]
+                    out[i] = self.chat_sample(encoding, turns, alone, i)
+            except RawRecordError as e:
+                if not skip_errors:
+                    raise
+                out[i] = e
         return out
 
     def with_eos(self, ids: list[int]) -> np.ndarray:
@@ -233,25 +268,52 @@ class Encoder:
                 index=index,
             ) from None
 
-    def chat_sample(self, encoding, spans, index: int) -> tuple[np.ndarray, np.ndarray]:
-        ids = np.asarray(encoding.ids, dtype=np.int32)
+    def trained_turns(self, record: Record, spans) -> list[tuple[int, tuple[int, int]]]:
+        """(turn number, span) of the assistant turns that `train_on` trains; a conversational
+        prompt's turns (before `record.train_from`) are context, never trained."""
+        if self.train_on == "all":
+            return []
+        replies = [i for i, m in enumerate(record.messages) if m["role"] == "assistant"]
+        turns = [
+            (n, span)
+            for n, (i, span) in enumerate(zip(replies, spans), 1)
+            if i >= record.train_from
+        ]
+        return turns[-1:] if self.train_on == "last" else turns
+
+    def prompt_tail(self, text: str, start: int) -> int:
+        """Where the last special token before `start` begins (0 if none). Text between special
+        tokens is tokenized piece by piece, so the chat before a reply tokenizes alone as the
+        whole chat does exactly when its tail from there does: the check tokenizes the tail."""
+        return max([0, *(text.rfind(t, 0, start) for t in self.specials)])
+
+    def chat_sample(self, encoding, turns, alone, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
+        tokenized by itself, which must be the ids before the reply."""
+        ids = np.array(encoding.ids, dtype=np.int32)
         if self.train_on == "all":
             return ids, ids.copy()
-        if self.train_on == "last":
-            spans = spans[-1:]
-        offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-        starts, ends = offsets[:, 0], offsets[:, 1]
+        token_ids, offsets = encoding.ids, encoding.offsets  # lists: a chat is short
+        starts = [start for start, _ in offsets]
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
-        for turn, (start, end) in enumerate(spans):
-            first = token_at(starts, ends, start, index, turn, "start")
-            stop = token_at(starts, ends, end, index, turn, "end")
-            if stop <= first:
-                raise RawRecordError(f"assistant turn {turn + 1} renders no token", index=index)
-            if ids[stop - 1] != self.eot_id:
+        for (turn, (start, end), tail), prompt in zip(turns, alone):
+            first = token_at(starts, offsets, start, index, turn, "start")
+            stop = token_at(starts, offsets, end, index, turn, "end")
+            tail = bisect_left(starts, tail)
+            if token_ids[tail:first] != prompt:
                 raise RawRecordError(
-                    f"assistant turn {turn + 1}'s trained tokens do not end with the end-of-turn "
-                    f"token {self.template.eot!r} (a template whose generation block leaves it out "
-                    "teaches the model never to stop)",
+                    f"the chat before assistant turn {turn} tokenizes differently alone than in "
+                    "the whole chat (tokens merge across the turn boundary), so the model would "
+                    "be trained on a prompt it never sees at inference",
+                    index=index,
+                )
+            if stop <= first:
+                raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
+            if token_ids[stop - 1] not in self.special_ids:
+                raise RawRecordError(
+                    f"assistant turn {turn}'s trained tokens do not end with an end-of-turn "
+                    f"token such as {self.template.eot!r} (a template whose generation block "
+                    "leaves it out teaches the model never to stop)",
                     index=index,
                 )
             labels[first:stop] = ids[first:stop]
@@ -279,12 +341,12 @@ class Encoder:
                 )
 
 
-def token_at(starts, ends, char: int, index: int, turn: int, side: str) -> int:
+def token_at(starts, offsets, char: int, index: int, turn: int, side: str) -> int:
     """The first token that starts at or after `char`; RawRecordError if a token crosses it."""
-    at = int(np.searchsorted(starts, char, side="left"))
-    if at > 0 and ends[at - 1] > char and starts[at - 1] < char:
+    at = bisect_left(starts, char)
+    if at > 0 and offsets[at - 1][1] > char and starts[at - 1] < char:
         raise RawRecordError(
-            f"a token crosses the {side} of assistant turn {turn + 1} (tokenizing the whole chat "
+            f"a token crosses the {side} of assistant turn {turn} (tokenizing the whole chat "
             "merges the reply with the text around it)",
             index=index,
         )

@@ -41,23 +41,48 @@ def load_tokenizer(source: str):
         raise TokenizerError(
             f"{name}: tokenizing needs transformers (pip install 'packer-llm[tokenize]')"
         ) from None
+    unreachable = None if local.is_dir() else hub_unreachable()
     try:
         if local.is_dir():
             tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(source)
+        else:  # the hub's local cache only, where the hub cannot be reached
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=bool(unreachable))
     except Exception as e:  # OSError for a missing file or an unreachable hub, ValueError, ...
         if local.is_dir():
             raise TokenizerError(f"{name}: cannot load {source}: {one_line(e)}") from None
+        reason = f"the hub is unreachable ({unreachable})" if unreachable else one_line(e)
         raise TokenizerError(
             f"{name}: {source} is not a local directory and cannot be loaded from the Hugging "
-            f"Face hub: {one_line(e)}"
+            f"Face hub: {reason}"
         ) from None
     if not getattr(tokenizer, "is_fast", False):
         raise TokenizerError(f"{name}: {source} has no fast tokenizer (tokenizer.json)")
     if tokenizer.eos_token_id is None:
         raise TokenizerError(f"{name}: {source} has no eos_token, which ends every sample")
     return tokenizer
+
+
+def hub_unreachable() -> str | None:
+    """Why the hub cannot be reached (then only its local cache is used), or None. Without
+    this, an offline machine waits out the hub client's retries (about a minute, printing a
+    line per retry) before failing. Behind a proxy, or with HF_HUB_OFFLINE, nothing is tried."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    proxied = any(
+        os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+    )
+    if constants.HF_HUB_OFFLINE or proxied:
+        return None
+    url = urlsplit(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=5).close()
+    except OSError as e:
+        return f"{url.hostname}:{port}: {getattr(e, 'strerror', None) or e}"
+    return None
 
 
 def tokenizer_digest(source: str, tokenizer) -> str:

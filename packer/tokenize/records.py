@@ -3,8 +3,9 @@
 The kind is detected per row, so one file may mix them: OpenAI chats (`messages` with
 `role`/`content`), ShareGPT chats (`conversations` with `from`/`value`), Alpaca records
 (`instruction`, optional `input`, `output`: a one-turn chat), plain `text`, and
-`prompt`/`completion` pairs. A column that is absent or null does not count, so a Parquet file
-whose rows are of several kinds (nulls elsewhere) works. A row is refused with one line saying
+`prompt`/`completion` pairs (strings, or TRL's conversational pairs: two lists of messages,
+of which only the completion's replies are trained). A column that is absent or null does not
+count, so a Parquet file whose rows are of several kinds (nulls elsewhere) works. A row is refused with one line saying
 what is wrong and where in the row; the caller adds the file and line.
 """
 
@@ -21,6 +22,7 @@ SHAREGPT_ROLES = {
     "user": "user",
     "gpt": "assistant",
     "assistant": "assistant",
+    "function_call": "assistant",  # LLaMA-Factory's ShareGPT: a call written as the reply
     "tool": "tool",
     "function": "tool",
     "observation": "tool",
@@ -66,6 +68,7 @@ class Record:
     prompt: str | None = None
     completion: str | None = None
     tools: tuple[dict, ...] | None = None
+    train_from: int = 0  # messages before it are a conversational prompt: context, not trained
 
 
 def present(row: dict, column: str) -> bool:
@@ -102,6 +105,8 @@ def to_record(row: dict, columns: RawColumns = RawColumns()) -> Record:
         return chat(sharegpt_messages(row[c.conversations], c.conversations), tools)
     if kind == "instruction":
         return chat(alpaca_messages(row, c), tools)
+    if kind == "prompt" and isinstance(row.get(c.prompt), list):
+        return conversational_pair(row, c, tools)
     if kind == "prompt":
         prompt = string(row.get(c.prompt), c.prompt, empty=True)
         completion = string(row.get(c.completion), c.completion)
@@ -130,10 +135,23 @@ def tool_list(value, where: str) -> tuple[dict, ...] | None:
     return tuple(value)
 
 
-def chat(messages: list[dict], tools: tuple[dict, ...] | None) -> Record:
-    if not any(m["role"] == "assistant" for m in messages):
-        raise RawRecordError("the chat has no assistant turn: nothing to train on")
-    return Record("chat", messages=tuple(messages), tools=tools)
+def chat(messages: list[dict], tools, train_from: int = 0) -> Record:
+    if not any(m["role"] == "assistant" for m in messages[train_from:]):
+        where = "the completion" if train_from else "the chat"
+        raise RawRecordError(f"{where} has no assistant turn: nothing to train on")
+    return Record("chat", messages=tuple(messages), tools=tools, train_from=train_from)
+
+
+def conversational_pair(row: dict, c: RawColumns, tools) -> Record:
+    """TRL's conversational prompt/completion: two lists of messages, one chat whose
+    completion's assistant turns are trained."""
+    prompt = openai_messages(row[c.prompt], c.prompt)
+    completion = row.get(c.completion)
+    if not isinstance(completion, list):
+        raise RawRecordError(
+            f"{c.completion} must be a list of messages like {c.prompt}, got {kind_of(completion)}"
+        )
+    return chat(prompt + openai_messages(completion, c.completion), tools, len(prompt))
 
 
 def message_list(value, where: str) -> list:

@@ -64,6 +64,7 @@ class ChatTemplate:
         self.eot = self.end_of_turn(special_tokens)
         self.parts = self.renders_parts()
         self.tool_calls = "tool_calls" in text
+        self.compiled = None if self.tagged else direct_template(text, self.render, self.variables)
 
     def render(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
         """The chat's text, and the generation spans (character offsets) when tagged."""
@@ -76,6 +77,19 @@ class ChatTemplate:
             **self.variables,
         )
         return rendered[0], spans[0] if spans else []
+
+    def render_plain(self, messages, tools=None, prompt: bool = False) -> str:
+        """`render` without tags: the compiled template called directly on messages that
+        `plain_chat` prepared once (prefix rendering renders each chat several times)."""
+        if self.compiled is None:
+            return self.render(messages, tools, prompt)[0]
+        return self.compiled.render(
+            messages=messages,
+            tools=list(tools) if tools else None,
+            documents=None,
+            add_generation_prompt=prompt,
+            **self.variables,
+        )
 
     def probe(self, content) -> str:
         chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]
@@ -143,12 +157,15 @@ class ChatTemplate:
                     f"chat with {len(turns)} assistant turns",
                     index=index,
                 )
-            return text, [tuple(s) for s in spans]
-        text = self.render(messages, tools)[0]
+            spans = [tuple(s) for s in spans]
+            check_rendered(messages, text, dict(zip(turns, spans)), index)
+            return text, spans
+        messages = plain_chat(messages)
+        text = self.render_plain(messages, tools)
         spans = []
         for i in turns:
-            start = self.render(messages[:i], tools, prompt=True)[0]
-            end = text if i == len(messages) - 1 else self.render(messages[: i + 1], tools)[0]
+            start = self.render_plain(messages[:i], tools, prompt=True)
+            end = text if i == len(messages) - 1 else self.render_plain(messages[: i + 1], tools)
             if not (text.startswith(start) and text.startswith(end) and len(end) > len(start)):
                 raise TemplateError(
                     f"the chat template renders the turns before messages[{i}] differently once "
@@ -157,6 +174,7 @@ class ChatTemplate:
                     index=index,
                 )
             spans.append((len(start), self.reply_end(text, len(start), len(end))))
+        check_rendered(messages, text, dict(zip(turns, spans)), index)
         return text, spans
 
     def reply_end(self, text: str, start: int, end: int) -> int:
@@ -165,6 +183,75 @@ class ChatTemplate:
         if at >= 0 and not text[at + len(self.eot) : end].strip():
             return at + len(self.eot)
         return end
+
+
+def check_rendered(messages, text: str, spans: dict, index: int) -> None:
+    """Every message's text is in the render, and every reply's inside its trained span: a
+    template that drops a message, or marks the wrong characters, is caught on the chat."""
+    for i, message in enumerate(messages):
+        content = message["content"]
+        parts = [content] if isinstance(content, str) else [p["text"] for p in content]
+        start, end = spans.get(i, (0, len(text)))
+        for part in parts:
+            part = part.strip()
+            if part and text.find(part, start, end) < 0:
+                where = "its trained span" if i in spans else "the render"
+                raise RawRecordError(
+                    f"the chat template does not render messages[{i}]'s content in {where}",
+                    index=index,
+                )
+
+
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+def plain_chat(messages) -> list[dict]:
+    """The messages as transformers hands them to a template: plain JSON values (a fresh copy),
+    reasoning under each of its names."""
+    chat = []
+    for message in messages:
+        message = plain(message)
+        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        chat.append(message)
+    return chat
+
+
+def plain(value):
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return value
+
+
+def direct_template(text: str, render, variables: dict):
+    """transformers' compiled template (its sandboxed environment and filters), to call without
+    the per-call copying of `render_jinja_template`; None, and the slow path, where this
+    transformers does not offer it or the two renders of a probe chat differ."""
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        compiled = _compile_jinja_template(text)
+        chat = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a", "reasoning_content": "r"},
+        ]
+        for prompt in (False, True):
+            direct = compiled.render(
+                messages=plain_chat(chat),
+                tools=None,
+                documents=None,
+                add_generation_prompt=prompt,
+                **variables,
+            )
+            if direct != render(chat, None, prompt)[0]:
+                return None
+        return compiled
+    except Exception:  # an older transformers, or a template that fails on the probe
+        return None
 
 
 def one_line(error: Exception) -> str:
