@@ -44,54 +44,15 @@ COLUMN_HELP = (
 def make_encoder(tokenizer: str, chat_template, train_on: str | None, allow_empty_mask: bool):
     """The encoder the flags describe (errors name --tokenizer, --chat-template, --train-on)."""
     from packer import arguments as A
-    from packer.errors import UsageError
     from packer.tokenize.encode import Encoder
 
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
-    endpoint = None if Path(tokenizer).expanduser().exists() else unreachable_hub()
-    try:
-        return Encoder(
-            tokenizer,
-            chat_template=str(chat_template) if chat_template is not None else None,
-            train_on=train_on,
-            allow_empty_mask=allow_empty_mask,
-        )
-    except UsageError as exc:
-        if endpoint is None or "--tokenizer" not in str(exc):
-            raise
-        raise UsageError(
-            f"--tokenizer {tokenizer}: cannot reach the Hugging Face hub ({endpoint}) and it is "
-            "not in the local cache; pass a local tokenizer directory, or save it once where "
-            "the hub is reachable"
-        ) from None
-
-
-def unreachable_hub(timeout: float = 5.0) -> str | None:
-    """The hub's endpoint when one connection to it fails within `timeout` seconds (then the
-    hub client goes offline: the local cache only, instead of its minute of retries and their
-    warnings), else None. Skipped when offline already or behind a proxy."""
-    import os
-    import socket
-    import sys
-    from urllib.parse import urlsplit
-
-    proxies = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    if offline or any(os.environ.get(v) for v in proxies):
-        return None
-    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    url = urlsplit(endpoint)
-    try:
-        port = url.port or (443 if url.scheme == "https" else 80)
-        with socket.create_connection((url.hostname, port), timeout=timeout):
-            return None
-    except (OSError, ValueError):
-        pass
-    os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is first imported
-    constants = sys.modules.get("huggingface_hub.constants")
-    if constants is not None:  # imported already (a library caller)
-        constants.HF_HUB_OFFLINE = True
-    return endpoint
+    return Encoder(
+        tokenizer,
+        chat_template=str(chat_template) if chat_template is not None else None,
+        train_on=train_on,
+        allow_empty_mask=allow_empty_mask,
+    )
 
 
 def raw_columns(pairs: list[str]):
