@@ -343,3 +343,25 @@ def test_verify_rerenders_the_raw_input(cli, tokenizer, tmp_path, monkeypatch):
     res = cli(*check)
     assert res.exit_code == 1, res.stderr
     assert not list(tmp_path.glob("packer-verify-raw-*"))
+
+
+def test_pack_on_error_skip_leaves_bad_raw_records_out_and_says_where(
+    cli, tokenizer, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    lines = [json.dumps(r) for r in records(12, seed=8)]
+    lines[4] = '{"messages": [{"role": "robot", "content": "hello"}]}'
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("\n".join(lines) + "\n")
+    args = ("pack", raw, "--tokenizer", tokenizer, "-o", tmp_path / "p", "-L", "256")
+    res = cli(*args)
+    assert res.exit_code == 1 and res.stderr.startswith(f"error: {raw}:5: ")
+    assert not (tmp_path / "p").exists()
+    res = cli(*args, "--on-error", "skip")
+    assert res.exit_code == 0, res.stderr
+    assert "note: 1 raw record left out, listed in " in res.stderr
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert manifest["stats"]["samples_packed"] == 11
+    assert manifest["tokenized_from"]["stats"]["rejected"] == 1
+    rejects = Path(manifest["tokenized_from"]["cache"]) / "rejects.txt"
+    assert rejects.read_text().startswith(f"{raw}:5: ")

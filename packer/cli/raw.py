@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from packer.errors import InputError, UsageError
+from packer.errors import InputError, UsageError, count
 
 TRAIN_ON = ("assistant", "last", "all")
 ON_ERROR = ("error", "skip")
@@ -173,7 +173,7 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
         say(summary(result.report()))
         if result.rejected:
             say(
-                f"note: {result.rejected:,} raw records were left out; listed in "
+                f"note: {count(result.rejected, 'raw record')} left out, listed in "
                 f"{Path(result.output) / 'rejects.txt'}"
             )
     return RawPack([result.output], describe_source(result))
