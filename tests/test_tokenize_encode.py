@@ -530,6 +530,7 @@ def test_an_unreachable_hub_fails_at_once_in_one_line(monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # discard port
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(key, raising=False)
     start = time.monotonic()
@@ -599,3 +600,13 @@ def test_a_rows_tools_reach_the_template(toks, tmp_path):
     assert trained(enc, ids, labels) == f"fine, café ☕{EOT}"
     with pytest.raises(RawRecordError, match="tools must be a list of tool definitions"):
         to_record({"messages": CHAT, "tools": "weather"})
+
+
+@pytest.mark.parametrize("name", ["tagged", "plain", "tools"])
+def test_the_direct_render_equals_transformers_renderer(toks, name):
+    fast, slow = Encoder(toks[name]), Encoder(toks[name])
+    assert fast.template.compiled is not None
+    slow.template.compiled = None  # every render through render_jinja_template
+    rows = [{"messages": CHAT}, {"messages": TOOL_CHAT if name == "tools" else CHAT[1:3]}]
+    for row in rows:
+        assert all((a == b).all() for a, b in zip(encode_one(fast, row), encode_one(slow, row)))

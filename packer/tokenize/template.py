@@ -64,7 +64,7 @@ class ChatTemplate:
         self.eot = self.end_of_turn(special_tokens)
         self.parts = self.renders_parts()
         self.tool_calls = "tool_calls" in text
-        self.compiled = None if self.tagged else direct_template(text, self.render, self.variables)
+        self.compiled = direct_template(text, self.render, self.variables, self.tagged)
 
     def render(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
         """The chat's text, and the generation spans (character offsets) when tagged."""
@@ -78,18 +78,12 @@ class ChatTemplate:
         )
         return rendered[0], spans[0] if spans else []
 
-    def render_plain(self, messages, tools=None, prompt: bool = False) -> str:
-        """`render` without tags: the compiled template called directly on messages that
-        `plain_chat` prepared once (prefix rendering renders each chat several times)."""
+    def render_direct(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
+        """`render` by the compiled template called directly, on messages that `plain_chat`
+        prepared once (prefix rendering renders each chat several times)."""
         if self.compiled is None:
-            return self.render(messages, tools, prompt)[0]
-        return self.compiled.render(
-            messages=messages,
-            tools=list(tools) if tools else None,
-            documents=None,
-            add_generation_prompt=prompt,
-            **self.variables,
-        )
+            return self.render(messages, tools, prompt)
+        return direct_render(self.compiled, messages, tools, prompt, self.variables, self.tagged)
 
     def probe(self, content) -> str:
         chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]
@@ -149,8 +143,9 @@ class ChatTemplate:
                 f"the chat has tool calls and {self.source} does not render them", index=index
             )
         turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        messages = plain_chat(messages)
         if self.tagged:
-            text, spans = self.render(messages, tools)
+            text, spans = self.render_direct(messages, tools)
             if len(spans) != len(turns):
                 raise TemplateError(
                     f"the chat template's {{% generation %}} blocks mark {len(spans)} spans in a "
@@ -160,12 +155,13 @@ class ChatTemplate:
             spans = [tuple(s) for s in spans]
             check_rendered(messages, text, dict(zip(turns, spans)), index)
             return text, spans
-        messages = plain_chat(messages)
-        text = self.render_plain(messages, tools)
+        text = self.render_direct(messages, tools)[0]
         spans = []
         for i in turns:
-            start = self.render_plain(messages[:i], tools, prompt=True)
-            end = text if i == len(messages) - 1 else self.render_plain(messages[: i + 1], tools)
+            start = self.render_direct(messages[:i], tools, prompt=True)[0]
+            end = (
+                text if i == len(messages) - 1 else self.render_direct(messages[: i + 1], tools)[0]
+            )
             if not (text.startswith(start) and text.startswith(end) and len(end) > len(start)):
                 raise TemplateError(
                     f"the chat template renders the turns before messages[{i}] differently once "
@@ -226,10 +222,24 @@ def plain(value):
     return value
 
 
-def direct_template(text: str, render, variables: dict):
-    """transformers' compiled template (its sandboxed environment and filters), to call without
-    the per-call copying of `render_jinja_template`; None, and the slow path, where this
-    transformers does not offer it or the two renders of a probe chat differ."""
+def direct_render(compiled, messages, tools, prompt: bool, variables: dict, tagged: bool):
+    """(text, generation spans) from the compiled template, as `render_jinja_template` renders
+    and tracks them."""
+    kwargs = {"messages": messages, "tools": list(tools) if tools else None, "documents": None}
+    kwargs |= {"add_generation_prompt": prompt, **variables}
+    if not tagged:
+        return compiled.render(**kwargs), []
+    blocks, spans = [], []
+    with compiled.environment.activate_tracker(blocks, spans):
+        for block in compiled.generate(**kwargs):
+            blocks.append(block)
+    return "".join(blocks), spans
+
+
+def direct_template(text: str, render, variables: dict, tagged: bool):
+    """transformers' compiled template (its sandboxed environment, filters and generation
+    tracker), to call without the per-call copying of `render_jinja_template`; None, and the
+    slow path, where this transformers does not offer it or a probe chat renders otherwise."""
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
@@ -238,16 +248,13 @@ def direct_template(text: str, render, variables: dict):
             {"role": "system", "content": "s"},
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": "a", "reasoning_content": "r"},
+            {"role": "user", "content": "v"},
+            {"role": "assistant", "content": "b"},
         ]
         for prompt in (False, True):
-            direct = compiled.render(
-                messages=plain_chat(chat),
-                tools=None,
-                documents=None,
-                add_generation_prompt=prompt,
-                **variables,
-            )
-            if direct != render(chat, None, prompt)[0]:
+            direct = direct_render(compiled, plain_chat(chat), None, prompt, variables, tagged)
+            slow = render(chat, None, prompt)
+            if direct[0] != slow[0] or list(map(tuple, direct[1])) != list(map(tuple, slow[1])):
                 return None
         return compiled
     except Exception:  # an older transformers, or a template that fails on the probe
