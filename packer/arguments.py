@@ -150,8 +150,8 @@ def missing_column(
     close = difflib.get_close_matches(column, have, n=1, cutoff=0.75 if default else 0.6)
     if name == "input_column" and default and _RAW_KEYS & set(have):
         text += (
-            ": raw chats or text, which packer pack does not tokenize; tokenize them first "
-            "(docs/tokenize.md, scripts/tokenize_chats.py)"
+            ": raw chats or text; pass --tokenizer DIR to tokenize them first "
+            "(docs/tokenize.md)"
         )
     elif close:
         text += f"; did you mean '{close[0]}'?"

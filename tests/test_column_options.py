@@ -187,14 +187,14 @@ def test_library_calls_name_the_parameter(tmp_path):
     assert packer.pack_dataset(ds, 8, labels_column="labels").num_rows == 1
 
 
-def test_raw_chats_point_to_the_tokenize_recipe(cli, tmp_path):
+def test_raw_chats_point_to_the_tokenizer_option(cli, tmp_path):
     chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}
     data = write_jsonl(tmp_path / "chats.jsonl", [chat] * 2)
     r = cli("pack", data, "-o", tmp_path / "out", "-L", "64")
     assert r.exit_code == EXIT_USAGE
     line = one_error_line(r)
     assert "chats.jsonl has no 'input_ids' column (no line has it; line 1 has: messages)" in line
-    assert "docs/tokenize.md" in line and "scripts/tokenize_chats.py" in line
+    assert "pass --tokenizer DIR to tokenize them first (docs/tokenize.md)" in line
 
 
 def test_a_missing_input_is_reported_before_an_existing_output(cli, tmp_path):

@@ -21,6 +21,7 @@ from packer.cli.app import app, finish_commands, run  # noqa: E402
 
 # the commands register on import, in the order `packer --help` lists them
 from packer.cli import pack  # noqa: F401, E402  isort: skip
+from packer.cli import tokenize  # noqa: F401, E402  isort: skip
 from packer.cli import inspect, plan, verify, export, warmup  # noqa: F401, E402  isort: skip
 
 finish_commands()

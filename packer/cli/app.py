@@ -213,6 +213,12 @@ EXAMPLES = {
         "packer pack data/sample.jsonl.gz -o out/packed -L 4096 --overlength split",
         "packer pack 'data/*.jsonl.gz' -o out/packed-2k -L 2048 --overlength split --on-error skip",
         "packer pack out/packed -o out/packed-16k -L 16384 --repack",
+        "packer pack data/chats.json --tokenizer data/chat-tokenizer -o out/chats -L 4096",
+    ],
+    "tokenize": [
+        "packer tokenize data/chats.json --tokenizer data/chat-tokenizer -o out/tokenized",
+        "packer tokenize data/chats.json --tokenizer data/chat-tokenizer -o out/tokenized-2 "
+        "--train-on last --on-error skip",
     ],
     "inspect": [
         "packer inspect out/packed",

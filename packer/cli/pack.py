@@ -20,6 +20,13 @@ from packer.cli.app import (
     set_storage_options,
     user_errors,
 )
+from packer.cli.raw import (
+    TEMPLATE_HELP,
+    TRAIN_ON,
+    TRAIN_ON_HELP,
+    raw_source,
+    tokenize_for_pack,
+)
 from packer.config import ENGINES, ON_ERROR
 from packer.contract.names import POLICIES
 from packer.hashing import ALGORITHMS
@@ -242,6 +249,19 @@ def pack(
         help="Where --export writes (replaced with --overwrite). [default: OUTPUT-FORMAT beside "
         "the output]",
     ),
+    tokenizer: Optional[str] = typer.Option(
+        None,
+        "--tokenizer",
+        help="INPUT is raw chats or text: tokenize it first with this tokenizer (a local "
+        "directory, or a hub name), through a cache reused by later packs (docs/tokenize.md). "
+        "[default: none, INPUT holds token ids]",
+    ),
+    chat_template: Optional[Path] = typer.Option(
+        None, "--chat-template", help="With --tokenizer: " + TEMPLATE_HELP
+    ),
+    train_on: Optional[str] = typer.Option(
+        None, "--train-on", metavar=choices(TRAIN_ON), help="With --tokenizer: " + TRAIN_ON_HELP
+    ),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -285,11 +305,12 @@ def pack(
         )
         _check_export_config(export_to, cfg, memory_budget)
         _check_unused_flags(cfg, pad_id, on_error, repack)
+        raw = tokenize_for_pack(inputs, output, cfg, repack, locals())  # None: no --tokenizer
         # with --repack, --memory-budget is the export's: a repack reads in memory
         memory_budget_pack = None if export_to is not None and repack else memory_budget
-        with progress_bars(not json_out) as progress, sigterm_as_interrupt():
+        with progress_bars(not json_out) as progress, sigterm_as_interrupt(), raw_source(raw):
             result = run_pack(
-                inputs,
+                raw.inputs if raw is not None else inputs,
                 output,
                 cfg,
                 overwrite=overwrite,

@@ -21,6 +21,7 @@ from packer.cli.app import (
     set_storage_options,
     user_errors,
 )
+from packer.cli.raw import TEMPLATE_HELP, TRAIN_ON, TRAIN_ON_HELP, retokenized
 from packer.errors import EXIT_FAILURE
 from packer.verify.choices import BACKENDS, DTYPES
 
@@ -147,6 +148,19 @@ def verify(
         "what the rows need at least is refused. [default: min(8GiB, half of available "
         "memory)]",
     ),
+    tokenizer: Optional[str] = typer.Option(
+        None,
+        "--tokenizer",
+        help="--input is raw chats or text: tokenize it afresh with this tokenizer (no cache) "
+        "and check every packed sample's ids and labels against that; the output must have "
+        "been packed with the same tokenizer and template. [default: none]",
+    ),
+    chat_template: Optional[Path] = typer.Option(
+        None, "--chat-template", help="With --tokenizer: " + TEMPLATE_HELP
+    ),
+    train_on: Optional[str] = typer.Option(
+        None, "--train-on", metavar=choices(TRAIN_ON), help="With --tokenizer: " + TRAIN_ON_HELP
+    ),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -164,7 +178,12 @@ def verify(
     from packer.cli.render_verify import verify_table
     from packer.verify import verify as run_verify
 
-    with user_errors(debug), progress_bars(not json_out) as progress:
+    raw = (tokenizer, chat_template, train_on)
+    with (
+        user_errors(debug),
+        retokenized(output, inputs, *raw) as inputs,
+        progress_bars(not json_out) as progress,
+    ):
         set_storage_options(storage_option)
         result = run_verify(
             output,

@@ -18,6 +18,7 @@ from packer.contract.names import REJECTS, SPLIT_LABELS
 from packer.contract.schema import SCHEMA
 from packer.read.samples import Samples
 from packer.storage import display
+from packer.tokenize.source import raw_source
 from packer.version import __version__
 
 # 2: rows in `config.row_order` (a seeded shuffle by default); 1: in the plan's order, with no
@@ -58,6 +59,8 @@ def build_manifest(
     }
     if repacked_from is not None:
         manifest["repacked_from"] = repacked_from
+    if raw_source() is not None:  # `pack RAW --tokenizer`: the tokenizer and template used
+        manifest["tokenized_from"] = raw_source()
     if split_labels is not None:
         manifest["split_labels"] = split_labels
     return manifest

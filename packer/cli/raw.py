@@ -1,0 +1,234 @@
+"""What `packer tokenize` and `packer pack RAW --tokenizer` share: the tokenizer's options, the
+encoder they describe, the tokenizing progress and summary, and pack's tokenize step."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from packer.errors import InputError, UsageError, count
+
+TRAIN_ON = ("assistant", "last", "all")
+ON_ERROR = ("error", "skip")
+RAW_KEYS = (
+    "messages",
+    "conversations",
+    "text",
+    "prompt",
+    "completion",
+    "instruction",
+    "input",
+    "output",
+)
+
+TOKENIZER_HELP = (
+    "A local tokenizer directory (save_pretrained layout; works offline) or a hub name "
+    "(needs the hub)."
+)
+TEMPLATE_HELP = (
+    "A Jinja chat template file that replaces the tokenizer's. [default: the tokenizer's]"
+)
+TRAIN_ON_HELP = (
+    "Which chat tokens carry labels: every assistant turn, the last assistant turn, or all "
+    "tokens; each trained turn includes its end-of-turn token. [default: assistant]"
+)
+COLUMN_HELP = (
+    "A raw column under another name, KEY=NAME (e.g. messages=dialog); KEY is one of "
+    + ", ".join(RAW_KEYS)
+    + "; repeatable. [default: the KEY names]"
+)
+
+
+def make_encoder(tokenizer: str, chat_template, train_on: str | None, allow_empty_mask: bool):
+    """The encoder the flags describe (errors name --tokenizer, --chat-template, --train-on)."""
+    from packer import arguments as A
+    from packer.tokenize.encode import Encoder
+
+    train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
+    return Encoder(
+        tokenizer,
+        chat_template=str(chat_template) if chat_template is not None else None,
+        train_on=train_on,
+        allow_empty_mask=allow_empty_mask,
+    )
+
+
+def raw_columns(pairs: list[str]):
+    """`RawColumns` with the --column KEY=NAME renames applied."""
+    from dataclasses import fields, replace
+
+    from packer.errors import UsageError
+    from packer.tokenize.records import RawColumns
+
+    columns = RawColumns()
+    keys = {f.name for f in fields(columns)}
+    renames = {}
+    for pair in pairs:
+        key, sep, name = pair.partition("=")
+        if not sep or not name or key not in keys:
+            raise UsageError(
+                f"--column must be KEY=NAME with KEY one of {', '.join(sorted(keys))}, got {pair!r}"
+            )
+        renames[key] = name
+    return replace(columns, **renames)
+
+
+def summary(report: dict) -> str:
+    if report["reused"]:
+        return f"tokenized output reused from the cache: {report['output']}"
+    rate = f", {report['tokens_per_second']:,} tokens/s" if report["tokens_per_second"] else ""
+    rejected = f", {report['rejected']:,} rejected" if report["rejected"] else ""
+    return (
+        f"tokenized {report['lines']:,} lines into {report['samples']:,} samples, "
+        f"{report['tokens']:,} tokens ({report['trained_tokens']:,} trained){rejected} in "
+        f"{report['seconds']:.2f} s{rate}, {report['workers']} workers: {report['output']}"
+    )
+
+
+def say(text: str) -> None:
+    from packer.cli.render import stderr
+
+    stderr.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+@contextmanager
+def tokenize_progress(enabled: bool):
+    """A `progress(stage, done, total, label)` for tokenizing: a spinner with lines and tokens
+    per second on a terminal, a line every PACKER_PROGRESS_INTERVAL seconds elsewhere."""
+    from packer.cli.render import ProgressLines, stderr
+
+    if not enabled:
+        yield None
+        return
+    if not stderr.is_terminal:
+        yield ProgressLines(lambda stage, done, total, label: f"tokenizing: {label}")
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    bars = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=True,
+    )
+    task = bars.add_task("tokenizing")
+    last = [0.0]
+
+    def update(stage: str, done: int, total: int, label: str = "") -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.2:
+            last[0] = now
+            bars.update(task, description=f"tokenizing: {label}")
+
+    with bars:
+        yield update
+
+
+@dataclass
+class RawPack:
+    """`pack RAW --tokenizer`: the tokenized cache entry pack reads instead of RAW."""
+
+    inputs: list[str]
+    source: dict
+
+
+def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPack | None:
+    """Tokenize pack's raw INPUT through the cache (None without --tokenizer). params: the
+    pack command's parameters, of which this reads --tokenizer, --chat-template, --train-on,
+    --workers, --memory-budget and --json."""
+    from packer.errors import UsageError
+
+    names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
+    tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
+    if tokenizer is None:
+        if chat_template is not None or train_on is not None:
+            flag = "--chat-template" if chat_template is not None else "--train-on"
+            raise UsageError(f"{flag} needs --tokenizer (INPUT holds raw chats or text)")
+        return None
+    if repack or cfg.pairs:
+        flag = "--repack" if repack else "--pairs"
+        raise UsageError(f"--tokenizer cannot be used with {flag}: INPUT would hold token ids")
+    from packer import arguments as A
+    from packer.storage import is_url
+    from packer.tokenize.cache import describe_source, local_tokenizer_key, tokenized_input
+
+    train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
+    key = local_tokenizer_key(tokenizer, chat_template, train_on)
+    skip = output if is_url(output) else Path(output)
+    with tokenize_progress(not json_out) as progress:
+        result = tokenized_input(
+            inputs,
+            lambda: make_encoder(tokenizer, chat_template, train_on, False),
+            encoder_key=key,
+            workers=workers,
+            memory_budget=memory_budget,
+            on_error=cfg.on_error,
+            progress=progress,
+            skip=skip,
+        )
+    if not json_out:
+        say(summary(result.report()))
+        if result.rejected:
+            say(
+                f"note: {count(result.rejected, 'raw record')} left out, listed in "
+                f"{Path(result.output) / 'rejects.txt'}"
+            )
+    return RawPack([result.output], describe_source(result))
+
+
+@contextmanager
+def raw_source(raw: RawPack | None):
+    """While packing a tokenized cache entry, its manifest records where it came from."""
+    if raw is None:
+        yield
+        return
+    from packer.tokenize.source import packing_raw
+
+    with packing_raw(raw.source):
+        yield
+
+
+@contextmanager
+def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
+    """`verify --input RAW --tokenizer`: the raw inputs tokenized afresh into a temporary
+    directory (never the cache: the check is against a new render of the raw records), after
+    checking that the output was packed with the same encoder. Yields the inputs to verify."""
+    if tokenizer is None:
+        if chat_template is not None or train_on is not None:
+            flag = "--chat-template" if chat_template is not None else "--train-on"
+            raise UsageError(f"{flag} needs --tokenizer (--input holds raw chats or text)")
+        yield inputs
+        return
+    if not inputs:
+        raise UsageError("--tokenizer needs --input: the raw records the output was packed from")
+    import json
+    import shutil
+    import tempfile
+
+    from packer.tokenize.run import tokenize
+
+    encoder = make_encoder(tokenizer, chat_template, train_on, False)
+    try:
+        manifest = json.loads((Path(output) / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = {}  # verify reports what is wrong with the output
+    packed = ((manifest.get("tokenized_from") or {}).get("encoder") or {}).get("fingerprint")
+    if packed is not None and packed != encoder.fingerprint:
+        raise InputError(
+            "was packed with another tokenizer, template or --train-on than --tokenizer and "
+            "--chat-template give (tokenized_from.encoder in its manifest)",
+            where=output,
+        )
+    tmp = Path(tempfile.mkdtemp(prefix="packer-verify-raw-"))
+    try:
+        result = tokenize(inputs, tmp / "tokenized", encoder, on_error=_on_error(manifest))
+        yield [result.output]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _on_error(manifest: dict) -> str:
+    return "skip" if (manifest.get("config") or {}).get("on_error") == "skip" else "error"

@@ -1,0 +1,115 @@
+"""`packer tokenize`: raw chats, texts and prompt/completion pairs to tokenized Parquet shards."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from packer.cli.app import (
+    DEBUG,
+    JSON,
+    OFF,
+    STORAGE_OPTION,
+    app,
+    choices,
+    set_storage_options,
+    user_errors,
+)
+from packer.cli.raw import (
+    COLUMN_HELP,
+    ON_ERROR,
+    TEMPLATE_HELP,
+    TOKENIZER_HELP,
+    TRAIN_ON,
+    TRAIN_ON_HELP,
+    make_encoder,
+    raw_columns,
+    say,
+    summary,
+    tokenize_progress,
+)
+
+
+@app.command()
+def tokenize(
+    inputs: list[str] = typer.Argument(
+        ...,
+        metavar="RAW...",
+        help="Raw records: JSONL (.jsonl, .gz, .zst), .json arrays, Parquet or Arrow files, "
+        "directories or globs; chats (messages, ShareGPT conversations), Alpaca, text, "
+        "prompt/completion, mixed per file.",
+    ),
+    tokenizer: str = typer.Option(..., "--tokenizer", help=TOKENIZER_HELP),
+    output: Path = typer.Option(
+        ...,
+        "--output",
+        "-o",
+        help="Output directory: part-*.parquet shards (input_ids, labels) and tokenized.json, "
+        "renamed into place when complete; `packer pack DIR` reads it.",
+    ),
+    chat_template: Optional[Path] = typer.Option(None, "--chat-template", help=TEMPLATE_HELP),
+    train_on: Optional[str] = typer.Option(
+        None, "--train-on", metavar=choices(TRAIN_ON), help=TRAIN_ON_HELP
+    ),
+    allow_empty_mask: bool = typer.Option(
+        False,
+        "--allow-empty-mask",
+        help=f"Keep samples with no trained token instead of refusing them. {OFF}",
+    ),
+    column: list[str] = typer.Option([], "--column", metavar="KEY=NAME", help=COLUMN_HELP),
+    on_error: Optional[str] = typer.Option(
+        None,
+        "--on-error",
+        metavar=choices(ON_ERROR),
+        help="Bad records: error stops at the first and names its FILE:LINE; skip leaves them "
+        "out and lists them in rejects.txt in the output. [default: error]",
+    ),
+    workers: Optional[int] = typer.Option(
+        None,
+        "--workers",
+        min=1,
+        help="Worker processes, one tokenizer each (the output is the same for any value). "
+        "[default: all available cores]",
+    ),
+    memory_budget: Optional[str] = typer.Option(
+        None,
+        "--memory-budget",
+        help="Cap on memory, e.g. 2GiB: fewer workers where each would not fit (~512 MiB "
+        "each); the input is streamed whatever its size. [default: none]",
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help=f"Replace an existing tokenized output. {OFF}"
+    ),
+    storage_option: list[str] = STORAGE_OPTION,
+    json_out: bool = JSON,
+    debug: bool = DEBUG,
+) -> None:
+    """Tokenize raw chats and texts into Parquet shards that packer pack reads."""
+    from packer.interrupts import sigterm_as_interrupt
+    from packer.tokenize.run import tokenize as run_tokenize
+
+    with user_errors(debug):
+        set_storage_options(storage_option)
+        encoder = make_encoder(tokenizer, chat_template, train_on, allow_empty_mask)
+        columns = raw_columns(column)
+        with tokenize_progress(not json_out) as progress, sigterm_as_interrupt():
+            result = run_tokenize(
+                inputs,
+                output,
+                encoder,
+                columns,
+                workers=workers,
+                memory_budget=memory_budget,
+                on_error=on_error or "error",
+                overwrite=overwrite,
+                progress=progress,
+            )
+        report = result.report()
+        if json_out:
+            sys.stdout.write(json.dumps(report) + "\n")
+        else:
+            say(summary(report))
