@@ -267,7 +267,7 @@ def pack(
     debug: bool = DEBUG,
 ) -> None:
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
-    from packer.cli.render import pack_table, print_warnings, progress_bars, split_note, stderr
+    from packer.cli.render import print_warnings, progress_bars
     from packer.config import build_config
     from packer.interrupts import sigterm_as_interrupt
     from packer.pipelines.pack import pack as run_pack
@@ -329,25 +329,30 @@ def pack(
             )
             report["export"] = exported.to_dict()
             print_warnings(exported.warnings)
-        if json_out:
-            sys.stdout.write(json.dumps(report) + "\n")
-        else:
-            for skipped in result.skipped_inputs:
-                stderr.print(
-                    f"note: skipped {skipped}: a packer output, not samples", highlight=False
-                )
-            stderr.print(pack_table(report, cfg.max_len, pairs=cfg.pairs))
-            note = split_note(report)
-            if note is not None:
-                stderr.print(note, highlight=False, markup=False, soft_wrap=True)
-            if export_to is not None:
-                done = report["export"]
-                stderr.print(
-                    f"exported as {export_to} to {done['output']} in {done['seconds']:.2f} s",
-                    highlight=False,
-                    markup=False,
-                    soft_wrap=True,
-                )
+        _print_report(report, result, cfg, export_to, json_out)
+
+
+def _print_report(report: dict, result, cfg, export_to: str | None, json_out: bool) -> None:
+    """The run's report: one JSON object on stdout, or the table (and notes) on stderr."""
+    from packer.cli.render import pack_table, split_note, stderr
+
+    if json_out:
+        sys.stdout.write(json.dumps(report) + "\n")
+        return
+    for skipped in result.skipped_inputs:
+        stderr.print(f"note: skipped {skipped}: a packer output, not samples", highlight=False)
+    stderr.print(pack_table(report, cfg.max_len, pairs=cfg.pairs))
+    note = split_note(report)
+    if note is not None:
+        stderr.print(note, highlight=False, markup=False, soft_wrap=True)
+    if export_to is not None:
+        done = report["export"]
+        stderr.print(
+            f"exported as {export_to} to {done['output']} in {done['seconds']:.2f} s",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
 
 
 def _check_unused_flags(cfg, pad_id, on_error, repack: bool) -> None:
