@@ -50,7 +50,9 @@ def setup(tmp_path_factory):
     # SFT-style labels (masked prompts); a few samples longer than a row, split across rows
     samples = make_samples(40, seed=11, median=16, vocab=VOCAB)
     src = write_jsonl(root / "in.jsonl", samples)
-    packer.pack([src], root / "out", packer.PackConfig(max_len=80, overlength="split"))
+    # the plan's row order: the negative control's per-sample margins were measured on these rows
+    config = packer.PackConfig(max_len=80, overlength="split", row_order="plan")
+    packer.pack([src], root / "out", config)
     ds = PackedDataset(root / "out")
     model = build_tiny_model(seed=0, vocab_size=VOCAB, hidden_size=32, max_positions=256)
     return samples, ds, model
