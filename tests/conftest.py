@@ -73,6 +73,32 @@ def write_arrow(path: Path, samples: list[dict], stream: bool = False) -> Path:
     return path
 
 
+def _xdist_groups(item: pytest.Item) -> list[str]:
+    marks = item.iter_markers("xdist_group")
+    return sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup`, as `make test` runs it: the tests of an xdist group on one worker.
+
+    pytest-xdist 3.8 tags a group by rewriting `item._nodeid`, which pytest 9 no longer reads
+    (the id lives in `item._id`): each group was spread over every worker, and with it a Ray
+    cluster and each module fixture built once per worker. The tag is added here where xdist's
+    did not take; xdist then hands the groups out first (largest first, `--loadscope-reorder`).
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        names = _xdist_groups(item)
+        if names and "@" not in item.nodeid:
+            tagged = f"{item.nodeid}@{'_'.join(names)}"
+            if hasattr(item, "_id"):
+                item._id = type(item._id).parse(tagged)
+            else:
+                item._nodeid = tagged
+
+
 @pytest.fixture
 def runner() -> CliRunner:
     return CliRunner()

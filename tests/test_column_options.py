@@ -326,6 +326,7 @@ def test_pack_dataset_refuses_column_options_it_would_ignore():
     assert packer.pack_dataset([[1, 2], [3]], 8, labels=[[1, 2], [3]]).num_rows == 1
 
 
+@pytest.mark.xdist_group("ray")  # the Ray tests' worker: its cluster, not one more
 def test_ray_and_local_blocks_name_a_line_without_the_named_labels_alike(cli, cluster, tmp_path):
     pytest.importorskip("ray")
     d = tmp_path / "in"

@@ -45,7 +45,9 @@ def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("docs")
     src = write_jsonl(root / "in.jsonl", make_samples(40, seed=4, median=30, vocab=VOCAB))
     (root / "out").mkdir()
-    packer.pack([src], root / "out" / "train-1k", packer.PackConfig(max_len=96, overlength="split"))
+    packer.pack(
+        [src], root / "out" / "train-512", packer.PackConfig(max_len=96, overlength="split")
+    )
     return root
 
 
