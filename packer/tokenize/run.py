@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -184,8 +185,10 @@ def _worker_start(encoder) -> Iterator[tuple]:
     import and no load (about 3 s per worker here, a third of a 20,000-line run).
     `TOKENIZERS_PARALLELISM=false` while forking keeps each worker's tokenizer single-threaded
     (one process per core) and keeps `tokenizers` from warning about the fork. Elsewhere they
-    are spawned and rebuild the encoder from its spec."""
-    if sys.platform == "linux":
+    are spawned and rebuild the encoder from its spec, and so they are where this process runs
+    other threads already (a notebook, a Ray driver, a test runner): a fork copies their locks
+    held, and a worker that blocks on one never ends, not even on the pool's SIGTERM."""
+    if sys.platform == "linux" and threading.active_count() == 1:
         saved = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         try:
