@@ -136,6 +136,18 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
+def readers():
+    """The readers' virtualenv's python (built once by scripts/readers_venv.py), for the tests
+    that run a consumer's own reader on packer's exports; skipped where it cannot be built."""
+    from export_checks import readers_python
+
+    python = readers_python()
+    if python is None:
+        pytest.skip("the readers' virtualenv (scripts/readers_venv.py) cannot be built here")
+    return python
+
+
+@pytest.fixture(scope="session")
 def cluster():
     """A Ray cluster of three raylets with one CPU each, on this machine (tests that use it are
     kept in the xdist group "ray": one cluster per test process)."""

@@ -16,7 +16,6 @@ from export_checks import (
     consumer,
     original_piece,
     packer_rows,
-    readers_python,
     samples_of,
     verify_rows,
 )
@@ -41,14 +40,6 @@ def packed(tmp_path_factory):
     out = root / "packed"
     packer.pack([src], out, packer.PackConfig(max_len=L, pad=True, overlength="split"))
     return out, samples, packer_rows(out)
-
-
-@pytest.fixture(scope="module")
-def readers():
-    python = readers_python()
-    if python is None:
-        pytest.skip("the readers' virtualenv (scripts/readers_venv.py) cannot be built here")
-    return python
 
 
 def check_against_inputs(rows, samples):

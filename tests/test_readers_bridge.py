@@ -20,7 +20,6 @@ from export_checks import (
     consumer,
     original_piece,
     packer_rows,
-    readers_python,
     samples_of,
 )
 
@@ -35,14 +34,6 @@ LAYOUTS = {  # packer's options -> Bridge's pad_seq_to_mult (2·cp, or lcm(2·cp
     "cp2": ({"cp_size": 2}, 4),
     "cp2-tp4-sp": ({"cp_size": 2, "tp_size": 4, "sequence_parallel": True}, 8),
 }
-
-
-@pytest.fixture(scope="module")
-def readers():
-    python = readers_python()
-    if python is None:
-        pytest.skip("the readers' virtualenv (scripts/readers_venv.py) cannot be built here")
-    return python
 
 
 @pytest.fixture(scope="module")

@@ -11,21 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import write_jsonl
-from export_checks import consumer, packer_rows, readers_python, samples_of
+from export_checks import consumer, packer_rows, samples_of
 
 import packer
 from packer.export import export
 
 SEQ, EOD, WINDOWS = 64, 2, 12
 pytestmark = pytest.mark.xdist_group("export")
-
-
-@pytest.fixture(scope="module")
-def readers():
-    python = readers_python()
-    if python is None:
-        pytest.skip("the readers' virtualenv (scripts/readers_venv.py) cannot be built here")
-    return python
 
 
 def samples(end_with_eod: bool) -> list[dict]:

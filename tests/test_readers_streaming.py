@@ -8,21 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from conftest import make_samples, write_jsonl
-from export_checks import consumer, original_piece, packer_rows, readers_python, samples_of
+from export_checks import consumer, original_piece, packer_rows, samples_of
 
 import packer
 from packer.export import export
 
 L, BATCH = 256, 3
 pytestmark = pytest.mark.xdist_group("export")
-
-
-@pytest.fixture(scope="module")
-def readers():
-    python = readers_python()
-    if python is None:
-        pytest.skip("the readers' virtualenv (scripts/readers_venv.py) cannot be built here")
-    return python
 
 
 @pytest.mark.parametrize("config", [{"pad": True}, {"cp_size": 2}], ids=["padded", "cp2"])
