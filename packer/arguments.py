@@ -150,8 +150,7 @@ def missing_column(
     close = difflib.get_close_matches(column, have, n=1, cutoff=0.75 if default else 0.6)
     if name == "input_column" and default and _RAW_KEYS & set(have):
         text += (
-            ": raw chats or text; pass --tokenizer DIR to tokenize them first "
-            "(docs/tokenize.md)"
+            ": raw chats or text; pass --tokenizer DIR to tokenize them first (docs/tokenize.md)"
         )
     elif close:
         text += f"; did you mean '{close[0]}'?"
