@@ -32,6 +32,10 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
+# Mixtures (`pack --mix`, or a validation split): `sample_source`, per segment, is the index
+# of its source in the manifest's `mixture.sources`; written only for those runs.
+SOURCE_COLUMN = "sample_source"
+
 # Preference pairs (`pack --pairs`): each pair is two adjacent segments of one row, prompt +
 # chosen then prompt + rejected. Per segment, `pair_index` is the pair's input row (its global
 # index, as `sample_index` is for samples) and `pair_side` says which completion it holds; a

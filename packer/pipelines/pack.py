@@ -47,6 +47,10 @@ def pack(
     ray_address: str | None = None,
     storage_options: Mapping[str, str] | None = None,
     resume: bool = False,
+    mix=None,
+    mix_tokens: int | None = None,
+    validation_split: float | int | None = None,
+    validation_output: str | Path | None = None,
 ) -> PackResult:
     """Pack token datasets into Arrow shards plus `manifest.json` under `output_dir`.
 
@@ -70,6 +74,12 @@ def pack(
     `resume=True` (block runs) keeps every block and tail task that a killed run to the same
     output finished, when its inputs and configuration are the same (`packer.pipelines.resume`);
     `PackResult.tasks_reused` and `tasks_run` say how many were kept and how many ran.
+
+    `mix` ({path: weight} or [(path, weight), ...], no `inputs`) packs a mixture: a weight is
+    a share of the output's tokens, `mix_tokens` sets the output's size (by default the
+    scarcest source is used whole and none is repeated). `validation_split` (a fraction or a
+    count per source) holds samples out into a second output, `validation_output` (by
+    default `OUTPUT-validation`). See `packer.pipelines.mixture` and docs/mixtures.md.
     """
     t0 = time.perf_counter()
     if storage_options is not None:
@@ -89,6 +99,19 @@ def pack(
     cfg = replace(config, **{k: v for k, v in runtime.items() if v is not None}).validate()
     workers = configure_workers(A.integer(workers, "workers", minimum=1, none=True))
     out = Path(output_dir)
+    mixing = (mix, mix_tokens, validation_split, validation_output)
+    if any(v is not None for v in mixing):
+        return _pack_mixture(
+            inputs,
+            out,
+            cfg,
+            mixing,
+            overwrite,
+            progress,
+            workers,
+            (memory_budget, out_of_core, repack, resume),
+            t0,
+        )
     remote = None
     blocks = cfg.block_size is not None or cfg.engine != "local"
     if (
@@ -190,6 +213,33 @@ def _run(
         )
     result.skipped_inputs = [str(p) for p in skipped]
     return result
+
+
+def _pack_mixture(inputs, out, cfg, mixing, overwrite, progress, workers, more, t0):
+    """A mixture or a validation split (`packer.pipelines.mixture`), local engine only."""
+    from packer.pipelines.mixture import check_mixture_run, pack_mixture
+
+    memory_budget, out_of_core, repack, resume = more
+    check_mixture_run(cfg, out, repack=repack, resume=resume)
+    if out_of_core is not None:
+        raise UsageError(f"{option('out_of_core')} is for one-plan sample runs, not mixtures")
+    output.check_target(out, overwrite)
+    mix, mix_tokens, split, split_output = mixing
+    with reporting(progress), named_errors():
+        return pack_mixture(
+            inputs,
+            out,
+            cfg,
+            mix=mix,
+            mix_tokens=mix_tokens,
+            validation_split=split,
+            validation_output=split_output,
+            overwrite=overwrite,
+            progress=progress,
+            workers=workers,
+            memory_budget=memory_budget,
+            t0=t0,
+        )
 
 
 def _check_unused(cfg, repack: bool, blocks: bool, memory_budget, out_of_core) -> None:

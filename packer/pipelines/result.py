@@ -33,6 +33,7 @@ class PackResult:
     # block runs: the block and tail tasks kept from a killed run (`resume`) and those run now
     tasks_reused: int | None = None
     tasks_run: int | None = None
+    mixture: dict | None = None  # a mixture's or a validation split's per-source report
 
     def report(self) -> dict:
         """The machine-readable summary printed by `packer pack --json`."""
@@ -48,6 +49,7 @@ class PackResult:
             "engine": self.engine,
             **tasks,
             "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            **({"mixture": self.mixture} if self.mixture is not None else {}),
         }
 
 

@@ -291,7 +291,13 @@ def finish(
 
     The manifest is written last: a directory with shards but no manifest is never complete.
     """
+    write_manifest(tmp, manifest)
+    commit(tmp, output, overwrite=overwrite, synced=synced)
+
+
+def write_manifest(tmp: Path, manifest: dict) -> None:
+    """manifest.json into a built output, before `commit` (a run that commits two outputs
+    writes both manifests first)."""
     with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=2, sort_keys=True)
         fh.write("\n")
-    commit(tmp, output, overwrite=overwrite, synced=synced)
