@@ -5,6 +5,7 @@ Precedence: explicit command-line flags > the `--config` YAML file > these defau
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -249,6 +250,7 @@ def load_yaml(path: str | Path) -> dict:
         "packer_version" in data or "format_version" in data
     )
     data_inputs = data.get("inputs")
+    data = {k: v for k, v in data.items() if k != "datasets"}  # the mixture: `load_datasets`
     if manifest:
         # a packer manifest (JSON is YAML): its config section packs again exactly as it was;
         # outputs of format 1 have no row_order and were written in the plan's order
@@ -266,6 +268,41 @@ def load_yaml(path: str | Path) -> dict:
     if manifest:
         _manifest_columns(values, data_inputs)
     return values
+
+
+def load_datasets(path: str | Path | None) -> list[tuple[str, float]] | None:
+    """The mixture a YAML preset names, `datasets: [{path: ..., weight: ...}, ...]`, as
+    (path, weight) pairs; None without one. A weight is a share of the output's tokens."""
+    if path is None:
+        return None
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # load_yaml checked it
+    if not isinstance(data, dict) or "datasets" not in data:
+        return None
+    entries = data["datasets"]
+    if not isinstance(entries, list) or not entries:
+        raise UsageError("'datasets' must be a non-empty list of {path, weight}", where=str(path))
+    pairs = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or "path" not in entry:
+            raise UsageError(f"datasets[{i}] must be a mapping with a path", where=str(path))
+        extra = sorted(set(entry) - {"path", "weight"})
+        if extra:
+            raise UsageError(
+                f"datasets[{i}]: unknown key '{extra[0]}' (a dataset has a path and a weight; "
+                "column options apply to every dataset)",
+                where=str(path),
+            )
+        weight = entry.get("weight", 1)
+        ok = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        if not ok or not math.isfinite(weight) or weight <= 0:
+            raise UsageError(
+                f"datasets[{i}]: the weight must be a number above 0, got {weight!r}",
+                where=str(path),
+            )
+        if not isinstance(entry["path"], str) or not entry["path"]:
+            raise UsageError(f"datasets[{i}]: the path must be a string", where=str(path))
+        pairs.append((entry["path"], float(weight)))
+    return pairs
 
 
 def _manifest_columns(values: dict, inputs) -> None:

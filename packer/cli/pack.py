@@ -20,6 +20,15 @@ from packer.cli.app import (
     set_storage_options,
     user_errors,
 )
+from packer.cli.mix import (
+    cfg_mix,
+    mix_option,
+    mix_tokens_option,
+    mixture_args,
+    mixture_table,
+    split_option,
+    split_output_option,
+)
 from packer.cli.raw import (
     TEMPLATE_HELP,
     TRAIN_ON,
@@ -35,10 +44,11 @@ from packer.planning.choices import ROW_ORDERS, STRATEGIES
 
 @app.command()
 def pack(
-    inputs: list[str] = typer.Argument(
-        ...,
+    inputs: Optional[list[str]] = typer.Argument(
+        None,
         metavar="INPUT...",
-        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs.",
+        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or "
+        "globs (or --mix).",
     ),
     output: str = typer.Option(
         ...,
@@ -262,6 +272,10 @@ def pack(
     train_on: Optional[str] = typer.Option(
         None, "--train-on", metavar=choices(TRAIN_ON), help="With --tokenizer: " + TRAIN_ON_HELP
     ),
+    mix: Optional[list[str]] = mix_option(),
+    mix_tokens: Optional[int] = mix_tokens_option(),
+    validation_split: Optional[str] = split_option(),
+    validation_output: Optional[Path] = split_output_option(),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -305,6 +319,10 @@ def pack(
         )
         _check_export_config(export_to, cfg, memory_budget)
         _check_unused_flags(cfg, pad_id, on_error, repack)
+        refused = {"--tokenizer": tokenizer is not None, "--export": export_to is not None}
+        inputs, mixing = mixture_args(
+            inputs, mix, mix_tokens, validation_split, validation_output, cfg_mix(config), refused
+        )
         raw = tokenize_for_pack(inputs, output, cfg, repack, locals())  # None: no --tokenizer
         # with --repack, --memory-budget is the export's: a repack reads in memory
         memory_budget_pack = None if export_to is not None and repack else memory_budget
@@ -319,6 +337,7 @@ def pack(
                 memory_budget=memory_budget_pack,
                 repack=repack,
                 resume=resume,
+                **mixing,
             )
         report = result.report()
         if export_to is not None:
@@ -342,6 +361,8 @@ def _print_report(report: dict, result, cfg, export_to: str | None, json_out: bo
     for skipped in result.skipped_inputs:
         stderr.print(f"note: skipped {skipped}: a packer output, not samples", highlight=False)
     stderr.print(pack_table(report, cfg.max_len, pairs=cfg.pairs))
+    if "mixture" in report:
+        stderr.print(mixture_table(report["mixture"]))
     note = split_note(report)
     if note is not None:
         stderr.print(note, highlight=False, markup=False, soft_wrap=True)

@@ -56,9 +56,9 @@ from packer.write.shards import SHARDS, write_shards
 from packer.write.source_column import with_source_column
 
 
-def check_mixture_run(cfg: PackConfig, out, *, repack: bool, resume: bool) -> None:
+def check_mixture_run(cfg: PackConfig, out, *, repack: bool, resume: bool, mixing: bool) -> None:
     """What a mixture or a validation split cannot run with, refused before any work."""
-    what = option("mix") if cfg is not None else "mix"
+    what = option("mix") if mixing else option("validation_split")
     for flag, on in (
         (option("repack=True", "--repack"), repack),
         (option("resume=True", "--resume"), resume),
@@ -68,14 +68,12 @@ def check_mixture_run(cfg: PackConfig, out, *, repack: bool, resume: bool) -> No
     ):
         if on:
             raise UsageError(
-                f"{what} and {option('validation_split')} run on the local engine with one "
-                f"global plan; they cannot be used with {flag}"
+                f"{what} runs on the local engine with one global plan; it cannot be used "
+                f"with {flag}"
             )
     if is_url(str(out)):
         raise UsageError(
-            f"{what} and {option('validation_split')} write local outputs; pack to a "
-            "directory, then copy it",
-            where=str(out),
+            f"{what} writes local outputs; pack to a directory, then copy it", where=str(out)
         )
 
 

@@ -215,16 +215,17 @@ def _run(
     return result
 
 
-def _pack_mixture(inputs, out, cfg, mixing, overwrite, progress, workers, more, t0):
+def _pack_mixture(inputs, out, cfg, args, overwrite, progress, workers, more, t0):
     """A mixture or a validation split (`packer.pipelines.mixture`), local engine only."""
     from packer.pipelines.mixture import check_mixture_run, pack_mixture
 
     memory_budget, out_of_core, repack, resume = more
-    check_mixture_run(cfg, out, repack=repack, resume=resume)
+    mixing = args[0] is not None or args[1] is not None
+    check_mixture_run(cfg, out, repack=repack, resume=resume, mixing=mixing)
     if out_of_core is not None:
         raise UsageError(f"{option('out_of_core')} is for one-plan sample runs, not mixtures")
     output.check_target(out, overwrite)
-    mix, mix_tokens, split, split_output = mixing
+    mix, mix_tokens, split, split_output = args
     with reporting(progress), named_errors():
         return pack_mixture(
             inputs,
