@@ -75,23 +75,12 @@ def pack(
     output finished, when its inputs and configuration are the same (`packer.pipelines.resume`);
     `PackResult.tasks_reused` and `tasks_run` say how many were kept and how many ran.
 
-    `mix` ({path: weight} or [(path, weight), ...], no `inputs`) packs a mixture: a weight is
-    a share of the output's tokens, `mix_tokens` sets the output's size (by default the
-    scarcest source is used whole and none is repeated). `validation_split` (a fraction or a
-    count per source) holds samples out into a second output, `validation_output` (by
-    default `OUTPUT-validation`). See `packer.pipelines.mixture` and docs/mixtures.md.
+    `mix` ({path: weight} or [(path, weight), ...], no `inputs`; a weight is a share of the
+    tokens), `mix_tokens` and `validation_split` (into `validation_output`, by default
+    `OUTPUT-validation`): a mixture and a validation split (`packer.pipelines.mixture`).
     """
     t0 = time.perf_counter()
-    if storage_options is not None:
-        set_options(storage_options)
-    if not isinstance(config, PackConfig):
-        raise UsageError(f"config must be a PackConfig, got {type(config).__name__}")
-    if isinstance(inputs, (str, os.PathLike)):  # one path, not a sequence of characters
-        inputs = [inputs]
-    inputs = inputs if isinstance(inputs, list) else list(inputs)
-    check_local_inputs(inputs)  # a missing input is named before anything about the output
-    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
-        raise UsageError(f"output_dir must be a path, got {output_dir!r}")
+    inputs = _checked_inputs(inputs, output_dir, config, storage_options)
     overwrite = A.boolean(overwrite, "overwrite")
     repack = A.boolean(repack, "repack")
     resume = A.boolean(resume, "resume")
@@ -101,17 +90,8 @@ def pack(
     out = Path(output_dir)
     mixing = (mix, mix_tokens, validation_split, validation_output)
     if any(v is not None for v in mixing):
-        return _pack_mixture(
-            inputs,
-            out,
-            cfg,
-            mixing,
-            overwrite,
-            progress,
-            workers,
-            (memory_budget, out_of_core, repack, resume),
-            t0,
-        )
+        more = (memory_budget, out_of_core, repack, resume, t0)
+        return _pack_mixture(inputs, out, cfg, mixing, overwrite, progress, workers, more)
     remote = None
     blocks = cfg.block_size is not None or cfg.engine != "local"
     if (
@@ -215,11 +195,26 @@ def _run(
     return result
 
 
-def _pack_mixture(inputs, out, cfg, args, overwrite, progress, workers, more, t0):
+def _checked_inputs(inputs, output_dir, config, storage_options) -> list:
+    """The inputs as a list, each checked to exist, after the output and config are checked."""
+    if storage_options is not None:
+        set_options(storage_options)
+    if not isinstance(config, PackConfig):
+        raise UsageError(f"config must be a PackConfig, got {type(config).__name__}")
+    if isinstance(inputs, (str, os.PathLike)):  # one path, not a sequence of characters
+        inputs = [inputs]
+    inputs = inputs if isinstance(inputs, list) else list(inputs)
+    check_local_inputs(inputs)  # a missing input is named before anything about the output
+    if not isinstance(output_dir, (str, os.PathLike)) or not str(output_dir):
+        raise UsageError(f"output_dir must be a path, got {output_dir!r}")
+    return inputs
+
+
+def _pack_mixture(inputs, out, cfg, args, overwrite, progress, workers, more):
     """A mixture or a validation split (`packer.pipelines.mixture`), local engine only."""
     from packer.pipelines.mixture import check_mixture_run, pack_mixture
 
-    memory_budget, out_of_core, repack, resume = more
+    memory_budget, out_of_core, repack, resume, t0 = more
     mixing = args[0] is not None or args[1] is not None
     check_mixture_run(cfg, out, repack=repack, resume=resume, mixing=mixing)
     if out_of_core is not None:
