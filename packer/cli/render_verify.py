@@ -37,6 +37,11 @@ def _summary(name: str, d: dict) -> str:
             f"{_n(d, 'pairs', 'pair')} whole, adjacent, in one row, one prompt "
             f"({_n(d, 'segments', 'segment')})"
         )
+    if name == "mixture":
+        return (
+            f"{_n(d, 'sources', 'source')}: {_n(d, 'tokens', 'token')} and "
+            f"{_n(d, 'samples', 'sample')} counted per source against the manifest"
+        )
     if name == "cp":
         return f"cp_size {_fmt(d.get('cp_size'))}: {d.get('splits', '-')}"
     if name == "cp_attention":

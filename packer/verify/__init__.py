@@ -261,6 +261,10 @@ def _run_checks(
     statuses = check_structure(
         out, manifest, None if pairs else source, structure, manifest_check, input_check, on_shard
     )
+    if manifest.get("mixture") is not None:
+        from packer.verify.mixture import check_mixture
+
+        check_mixture(out, manifest, add(CheckResult("mixture")))
     if pairs:
         from packer.verify.pairs import check_pairs
 

@@ -20,6 +20,7 @@ from packer.planning.multiple import config_multiple, multiple_text
 from packer.read.samples import Samples
 from packer.verify import kernels as K
 from packer.verify.cp_rows import check_cp_rows, real_lengths, unpadded
+from packer.verify.mixture import mixture_counts
 from packer.verify.provenance import check_provenance
 from packer.verify.rejects import read_rejects
 from packer.verify.result import CheckResult, Failure
@@ -190,15 +191,18 @@ def check_structure(
     pairs = bool(cfg.get("pairs"))
     # provenance counts segments: pair p is samples 2p and 2p + 1
     seen, rejected = pair_segments_view(manifest, rejected) if pairs else (manifest, rejected)
-    prov = check_provenance(
-        statuses,
-        seen,
-        source,
-        max_len,
-        input_check if source is not None else structure,
-        rejected,
-        source_rejected,
-    )
+    if manifest.get("mixture") is not None:  # repeats by design: `verify.mixture` checks
+        prov = mixture_counts(statuses)
+    else:
+        prov = check_provenance(
+            statuses,
+            seen,
+            source,
+            max_len,
+            input_check if source is not None else structure,
+            rejected,
+            source_rejected,
+        )
     cp = config_multiple(cfg) > 1
     totals = _totals(statuses, prov, pad or cp)
     if pairs:
