@@ -1,0 +1,123 @@
+"""`packer pack --validation-split`: a held-out output per source, by seed, before mixing;
+disjoint from the training output by provenance (sample_source, sample_index)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_samples, read_shards, write_jsonl
+
+from packer.verify import verify
+
+MAX_LEN = 256
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("split")
+    long = write_jsonl(root / "long.jsonl", make_samples(200, seed=4, median=100, max_len=250))
+    short = write_jsonl(root / "short.jsonl", make_samples(200, seed=5, median=25))
+    return long, short
+
+
+def samples_of(out: Path) -> set[tuple[int, int]]:
+    """(source, sample_index) of every first piece in an output."""
+    table = read_shards(out)
+    source = np.concatenate(table.column("sample_source").to_numpy())
+    index = np.concatenate(table.column("sample_index").to_numpy())
+    offset = np.concatenate(table.column("sample_offset").to_numpy())
+    first = offset == 0
+    return set(zip(source[first].tolist(), index[first].tolist()))
+
+
+def pack(cli, out: Path, *args):
+    return cli("pack", *args, "-o", out, "-L", MAX_LEN, "--json")
+
+
+def test_split_five_percent_disjoint(cli, sources, tmp_path):
+    long, short = sources
+    out = tmp_path / "train"
+    res = pack(cli, out, "--mix", f"{long}=1", "--mix", f"{short}=1", "--validation-split", "0.05")
+    assert res.exit_code == 0, res.output
+    held = tmp_path / "train-validation"  # the default: a sibling
+    train, validation = samples_of(out), samples_of(held)
+    assert not train & validation
+    for s in (0, 1):  # 5% of each source's 200 samples
+        assert sum(1 for src, _ in validation if src == s) == 10
+    report = json.loads(res.stdout)["mixture"]
+    assert [s["held_out"] for s in report["sources"]] == [10, 10]
+    # the short source's training part is used whole: 190 samples, once each
+    assert sum(1 for src, _ in train if src == 1) == 190
+    manifest = json.loads((out / "manifest.json").read_text())
+    vmanifest = json.loads((held / "manifest.json").read_text())
+    assert manifest["mixture"]["validation"] == {"output": str(held), "split": 0.05, "seed": 0}
+    assert vmanifest["mixture"]["validation_split"] == 0.05
+    assert vmanifest["mixture"]["validation_of"] == str(out)
+    assert [s["samples"] for s in vmanifest["mixture"]["sources"]] == [10, 10]
+    assert verify(out, attention=False).ok and verify(held, attention=False).ok
+
+
+def test_split_by_count_on_a_plain_input(cli, sources, tmp_path):
+    long, _ = sources
+    out = tmp_path / "plain"
+    dest = tmp_path / "held" / "out"
+    res = pack(cli, out, long, "--validation-split", "7", "--validation-output", dest)
+    assert res.exit_code == 0, res.output
+    train, validation = samples_of(out), samples_of(dest)
+    assert len(validation) == 7 and len(train) == 193 and not train & validation
+    assert {i for _, i in train | validation} == set(range(200))  # every sample, once
+    assert json.loads(res.stdout)["samples_packed"] == 193
+    assert verify(dest, attention=False).ok
+
+
+def test_same_seed_same_split(cli, sources, tmp_path):
+    long, short = sources
+    args = ("--mix", f"{long}=1", "--mix", f"{short}=2", "--validation-split", "0.1")
+    for name in ("a", "b"):
+        assert pack(cli, tmp_path / name, *args, "--seed", "5").exit_code == 0
+    assert samples_of(tmp_path / "a-validation") == samples_of(tmp_path / "b-validation")
+    assert pack(cli, tmp_path / "c", *args, "--seed", "6").exit_code == 0
+    assert samples_of(tmp_path / "a-validation") != samples_of(tmp_path / "c-validation")
+
+
+def test_existing_validation_output_refused_up_front(cli, sources, tmp_path):
+    long, short = sources
+    out = tmp_path / "run"
+    (tmp_path / "run-validation").mkdir()
+    (tmp_path / "run-validation" / "keep.txt").write_text("mine")
+    res = pack(cli, out, long, "--validation-split", "0.05")
+    assert res.exit_code == 2 and "run-validation" in res.output
+    assert not out.exists() and (tmp_path / "run-validation" / "keep.txt").exists()
+    # a packer output there is replaced with --overwrite, the training output too
+    (tmp_path / "run-validation" / "keep.txt").unlink()
+    (tmp_path / "run-validation").rmdir()
+    assert pack(cli, out, long, "--validation-split", "0.05").exit_code == 0
+    first = samples_of(tmp_path / "run-validation")
+    res = pack(cli, out, long, "--validation-split", "0.05", "--seed", "1")
+    assert res.exit_code == 2 and "exists" in res.output
+    res = pack(cli, out, long, "--validation-split", "0.05", "--seed", "1", "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert samples_of(tmp_path / "run-validation") != first
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--validation-split", "0"], "--validation-split must be a count of at least 1"),
+        (["--validation-split", "1.5"], "--validation-split must be a fraction in (0, 1)"),
+        (["--validation-split", "abc"], "--validation-split must be a fraction in (0, 1)"),
+        (["--validation-split", "200"], "leaving none to train on"),
+        (["--validation-output", "x"], "--validation-output is where --validation-split"),
+        (["--validation-split", "0.1", "--export", "trl"], "cannot be used with --export"),
+    ],
+)
+def test_bad_split_refused(cli, sources, tmp_path, extra, expected):
+    long, _ = sources
+    out = tmp_path / "o"
+    res = cli("pack", long, *extra, "-o", out, "-L", MAX_LEN)
+    assert res.exit_code == 2, res.output
+    assert expected in res.output and len(res.output.strip().splitlines()) == 1
+    assert not out.exists() and not (tmp_path / "o-validation").exists()
