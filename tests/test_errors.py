@@ -382,7 +382,7 @@ def test_debug_shows_the_exception(runner, tmp_path):
         ),
         (
             ["pack", "-o", "{out}"],
-            "error: Missing argument 'INPUT...'. (see 'python -m packer pack --help')",
+            "error: missing INPUT: name the datasets to pack, or --mix PATH=WEIGHT",
         ),
         (["pack", "{path}", "-o", "{out}", "-L", "eight"], "error: Invalid value for '--max-len'"),
         (["frobnicate"], "error: No such command 'frobnicate'. (see 'python -m packer --help')"),

@@ -288,6 +288,8 @@ def pack(
 
     with user_errors(debug):
         set_storage_options(storage_option)
+        if not inputs and not mix and config is None:
+            mixture_args(inputs, mix, None, None, None)  # refuses: no INPUT
         export_dest = _export_target(export_to, export_output, output, overwrite)
         cfg = build_config(
             config,

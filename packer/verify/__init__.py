@@ -228,6 +228,12 @@ def _read_source(inputs: list, manifest: dict, progress: Progress | None = None)
     return read_samples(inputs, *columns, on_error="skip", progress=on_file)
 
 
+def _check_mixture(out: Path, manifest: dict, result: CheckResult) -> None:
+    from packer.verify.mixture import check_mixture  # here: numpy and pyarrow, only for it
+
+    check_mixture(out, manifest, result)
+
+
 def _run_checks(
     out: Path,
     manifest: dict,
@@ -261,10 +267,8 @@ def _run_checks(
     statuses = check_structure(
         out, manifest, None if pairs else source, structure, manifest_check, input_check, on_shard
     )
-    if manifest.get("mixture") is not None:
-        from packer.verify.mixture import check_mixture
-
-        check_mixture(out, manifest, add(CheckResult("mixture")))
+    if manifest.get("mixture") is not None:  # each source's tokens, from sample_source
+        _check_mixture(out, manifest, add(CheckResult("mixture")))
     if pairs:
         from packer.verify.pairs import check_pairs
 
