@@ -123,7 +123,8 @@ def source_text(seg: dict) -> str:
     src = seg["source"]
     where = next((f"{k} {src[k]}" for k in ("line", "row", "sample_in_file") if k in src), "")
     side = f" ({seg['pair_side']})" if "pair_side" in seg else ""
-    return f"{src.get('file')}: {where}{side}"
+    mixed = f"source {seg['mixture_source']}, " if "mixture_source" in seg else ""
+    return f"{mixed}{src.get('file')}: {where}{side}"
 
 
 def segment_bins(hist: dict, max_bins: int = 16) -> tuple[list[str], list[int]]:
@@ -271,9 +272,26 @@ def inspect(
     }
     if "repacked_from" in manifest:
         report["repacked_from"] = manifest["repacked_from"]
+    if manifest.get("mixture") is not None:
+        report["mixture"] = manifest["mixture"]
+        _name_mixture_sources(report["row_views"], manifest["mixture"])
     if world_size is not None:
         report["dp_efficiency"] = _balance(shards, seg_lengths, world_size, hidden_size)
     return report
+
+
+def _name_mixture_sources(views: list[dict], mixture: dict) -> None:
+    """Each segment's mixture source (the `sample_source` the row holds, read off its
+    `sample_index`: a source is a range of them) and what that source was named."""
+    sources = mixture.get("sources") or []
+    starts = np.array([s["first_index"] for s in sources], np.int64)
+    for view in views:
+        for seg in view["segments"]:
+            if "sample_index" in seg and starts.size:
+                i = int(np.searchsorted(starts, seg["sample_index"], side="right")) - 1
+                path = sources[i]["path"]
+                seg["mixture_source"] = i
+                seg["mixture_path"] = path if isinstance(path, str) else ", ".join(path)
 
 
 def _balance(shards: _Shards, seg_lengths: np.ndarray, world_size: int, hidden_size: int):

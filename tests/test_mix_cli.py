@@ -233,3 +233,18 @@ def test_library_mix(sources, tmp_path):
             mix={str(long): 1},
         )
     assert not (tmp_path / "c").exists()
+
+
+def test_inspect_names_each_segments_source(cli, sources, tmp_path):
+    from packer.inspection import inspect
+
+    long, short = sources
+    out = tmp_path / "seen"
+    pack(cli, out, "--mix", f"{long}=1", "--mix", f"{short}=1", "--row-order", "plan")
+    report = inspect(out, rows=[0, 1])
+    table = read_shards(out)
+    for view in report["row_views"]:
+        expected = table.column("sample_source")[view["row"]].as_py()
+        assert [s["mixture_source"] for s in view["segments"]] == expected
+    res = cli("inspect", out, "--row", "0")
+    assert res.exit_code == 0 and "source 0, " in res.output + res.stderr
