@@ -49,7 +49,7 @@ def test_help_names_values_as_people_write_them(cli, name):
 
 def test_usage_lines_and_metavars(cli):
     assert cli("pack", "--help").stdout.startswith("Usage: packer pack [OPTIONS] [INPUT...]\n")
-    assert cli("plan", "--help").stdout.startswith("Usage: packer plan [OPTIONS] INPUT...\n")
+    assert cli("plan", "--help").stdout.startswith("Usage: packer plan [OPTIONS] [INPUT...]\n")
     inspect = " ".join(cli("inspect", "--help").stdout.split())
     assert inspect.startswith("Usage: packer inspect [OPTIONS] DIR ")
     for option in ("-r, --row N", "--tokenizer PATH", "--html FILE", "--world-size N"):

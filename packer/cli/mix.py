@@ -117,6 +117,8 @@ def mixture_args(
         pairs = cfg_mix
     if pairs is None and not inputs:
         raise UsageError("missing INPUT: name the datasets to pack, or --mix PATH=WEIGHT")
+    if mix_tokens is not None and pairs is None:
+        raise UsageError("--mix-tokens sizes a mixture: pass --mix")
     if mix_tokens is not None and mix_tokens < 1:
         raise UsageError(f"--mix-tokens must be at least 1, got {mix_tokens}")
     kwargs = {}

@@ -17,16 +17,24 @@ from packer.cli.app import (
     set_storage_options,
     user_errors,
 )
+from packer.cli.mix import (
+    mix_option,
+    mix_tokens_option,
+    mixture_args,
+    mixture_table,
+    split_option,
+)
 from packer.contract.names import POLICIES
 from packer.planning.choices import ROW_ORDERS, STRATEGIES
 
 
 @app.command("plan")
 def plan_command(
-    inputs: list[str] = typer.Argument(
-        ...,
+    inputs: Optional[list[str]] = typer.Argument(
+        None,
         metavar="INPUT...",
-        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or globs.",
+        help="JSONL (.jsonl, .jsonl.gz, .jsonl.zst), Parquet or Arrow files, directories or "
+        "globs (or --mix).",
     ),
     max_len: int = typer.Option(..., "--max-len", "-L", help="Row length L in tokens."),
     strategy: str = typer.Option(
@@ -109,6 +117,9 @@ def plan_command(
         "--rejected-column",
         help="With --pairs: the rejected completion's ids.",
     ),
+    mix: Optional[list[str]] = mix_option(),
+    mix_tokens: Optional[int] = mix_tokens_option(),
+    validation_split: Optional[str] = split_option(),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -126,7 +137,9 @@ def plan_command(
         pairs_line,
         strategy_table,
     )
+    from packer.config import PackConfig
     from packer.errors import UsageError
+    from packer.pipelines.mixture_plan import mixture_lengths
     from packer.pipelines.pairs import pair_item_lengths
     from packer.planning.compare import compare_strategies
     from packer.planning.overlength import resolve
@@ -134,32 +147,20 @@ def plan_command(
 
     with user_errors(debug):
         set_storage_options(storage_option)
-        if max_len < 1:
-            raise UsageError(f"--max-len must be at least 1, got {max_len}")
-        if window is not None and window < 1:
-            raise UsageError(f"--window must be at least 1, got {window}")
-        for flag, value in (
-            ("--world-size", world_size),
-            ("--batch-size", batch_size),
-            ("--hidden-size", hidden_size),
-        ):
-            if value is not None and value < 1:
-                raise UsageError(f"{flag} must be at least 1, got {value}")
+        _check_options(max_len, window, world_size, batch_size, hidden_size, seed)
+        _check_choices(row_order, strategy)
         _check_multiple(max_len, cp_size, tp_size, sequence_parallel, pairs)
-        if seed < 0:
-            raise UsageError(f"--seed must be non-negative, got {seed}")
-        if row_order not in ROW_ORDERS:
-            raise UsageError(
-                f"unknown --row-order '{row_order}' (choose from {', '.join(ROW_ORDERS)})"
-            )
-        if strategy != "all" and strategy not in STRATEGIES:
-            raise UsageError(
-                f"unknown --strategy '{strategy}' (choose from all, {', '.join(STRATEGIES)})"
-            )
+        inputs, mixing = mixture_args(inputs, mix, mix_tokens, validation_split, None)
+        if mixing and pairs:
+            raise UsageError("--mix and --validation-split cannot be used with --pairs")
         names = STRATEGIES if strategy == "all" else (strategy,)
         if pairs:
             columns = (prompt_column, chosen_column, rejected_column)
             lengths, pair_counts = pair_item_lengths(inputs, columns, max_len, overlength)
+        elif mixing:
+            cfg = PackConfig(max_len, overlength=overlength, seed=seed, input_column=input_column)
+            lengths, mixture = mixture_lengths(inputs, cfg.validate(), **mixing)
+            pair_counts = None
         else:
             samples = read_samples(inputs, input_column, labels_column=None, chunked=True)
             lengths = resolve(samples.lengths, max_len, overlength, locate=samples.locate).length
@@ -179,6 +180,8 @@ def plan_command(
             row_order=row_order,
         )
         report["pairs"] = pair_counts
+        if mixing:
+            report["mixture"] = mixture
         warning = balance_warning(report)
         if warning is not None:
             stderr.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
@@ -191,6 +194,8 @@ def plan_command(
                 stderr.print(pairs_line(pair_counts), highlight=False, soft_wrap=True)
             if report["cp"] is not None:
                 stderr.print(cp_line(report["cp"]), highlight=False, soft_wrap=True)
+            if mixing:
+                stderr.print(mixture_table(mixture))
 
 
 def _check_multiple(max_len: int, cp_size: int, tp_size: int, sp: bool, pairs: bool) -> None:
@@ -208,3 +213,33 @@ def _check_multiple(max_len: int, cp_size: int, tp_size: int, sp: bool, pairs: b
     if pairs and mult > 1:
         flag = "--cp-size" if cp_size > 1 else "--sequence-parallel"
         raise UsageError(f"{flag} cannot be used with --pairs")
+
+
+def _check_options(max_len, window, world_size, batch_size, hidden_size, seed) -> None:
+    """The sizes and the seed: one line naming the flag."""
+    from packer.errors import UsageError
+
+    if max_len < 1:
+        raise UsageError(f"--max-len must be at least 1, got {max_len}")
+    if window is not None and window < 1:
+        raise UsageError(f"--window must be at least 1, got {window}")
+    for flag, value in (
+        ("--world-size", world_size),
+        ("--batch-size", batch_size),
+        ("--hidden-size", hidden_size),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be at least 1, got {value}")
+    if seed < 0:
+        raise UsageError(f"--seed must be non-negative, got {seed}")
+
+
+def _check_choices(row_order: str, strategy: str) -> None:
+    from packer.errors import UsageError
+
+    if row_order not in ROW_ORDERS:
+        raise UsageError(f"unknown --row-order '{row_order}' (choose from {', '.join(ROW_ORDERS)})")
+    if strategy != "all" and strategy not in STRATEGIES:
+        raise UsageError(
+            f"unknown --strategy '{strategy}' (choose from all, {', '.join(STRATEGIES)})"
+        )

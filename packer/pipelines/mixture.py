@@ -124,12 +124,12 @@ def pack_mixture(
     check_columns(every, cfg)
     with ExitStack() as stack:
         samples = _read(every, out, cfg, memory_budget, stack)
-        counts = _file_counts(samples, files)
+        counts = file_counts(samples, files)
         ranges = source_ranges(samples, counts)
         weights = [s.weight for s in sources]
         planned = plan_mixture(samples, ranges, weights, cfg, mix_tokens, split)
         bounds = np.cumsum([0, *counts], dtype=np.int64)
-        described = _describe(sources, files, bounds)
+        described = describe_sources(sources, files, bounds)
         tmp_dirs: list[tuple[Path, Path]] = []
         try:
             result = _write_both(
@@ -193,7 +193,7 @@ def _read(files: list, out: Path, cfg: PackConfig, memory_budget, stack: ExitSta
     )
 
 
-def _file_counts(samples: Samples, files: list[list]) -> list[int]:
+def file_counts(samples: Samples, files: list[list]) -> list[int]:
     """Samples in each source's files (rows read, rejected ones included)."""
     counts, k = [], 0
     for part in files:
@@ -202,7 +202,7 @@ def _file_counts(samples: Samples, files: list[list]) -> list[int]:
     return counts
 
 
-def _describe(sources: list[MixSource], files: list[list], bounds: np.ndarray) -> list[dict]:
+def describe_sources(sources: list[MixSource], files: list[list], bounds: np.ndarray) -> list[dict]:
     """What the manifest says of every source before counting: what was named, the files,
     and the range of global sample indices (`sample_index`) its samples have."""
     return [
