@@ -26,7 +26,8 @@ def test_plan_shows_the_mixture_pack_makes(cli, tmp_path):
     assert abs(first["tokens"] - 0.75 * 40000) <= 400 / 2  # half of its longest sample
     assert second["epochs"] == 1 and second["dropped"] == 0  # whole, then a subset
     text = cli("plan", *mix, "-L", "512", "--strategy", "bfd")
-    assert text.exit_code == 0 and "short.jsonl" in text.output and "epochs" in text.output
+    assert text.exit_code == 0 and "sources" in text.output
+    assert f"{second['share']:.4f}" in text.output and f"{second['tokens']:,}" in text.output
 
 
 def test_plan_mix_refusals(cli, tmp_path):
