@@ -143,7 +143,10 @@ def mixture_table(mixture: dict):
 
     table = Table(title="sources", title_justify="left")
     for name in ("#", "source", "weight", "share", "tokens", "samples", "epochs", "dropped"):
-        table.add_column(name, justify="left" if name == "source" else "right")
+        if name == "source":  # a path wraps rather than being cut
+            table.add_column(name, overflow="fold", min_width=12)
+        else:
+            table.add_column(name, justify="right", no_wrap=True)
     split = mixture.get("validation_split") is not None
     if split:
         table.add_column("held out", justify="right")

@@ -124,6 +124,7 @@ def pack_mixture(
     check_columns(every, cfg)
     with ExitStack() as stack:
         samples = _read(every, out, cfg, memory_budget, stack)
+        read_seconds = time.perf_counter() - t0
         counts = file_counts(samples, files)
         ranges = source_ranges(samples, counts)
         weights = [s.weight for s in sources]
@@ -154,6 +155,7 @@ def pack_mixture(
             for tmp, _ in tmp_dirs:
                 output.discard(tmp)
     result.seconds = time.perf_counter() - t0
+    result.timings = {"read": read_seconds, **result.timings}
     return result
 
 

@@ -147,6 +147,8 @@ def plan_mixture(
     validation_split,
 ) -> MixturePlan:
     """Split (optional) and mix the sources: which positions each output packs, in order."""
+    if cfg.overlength == "error":  # every source's over-length samples counted in one line
+        resolve(samples.lengths, cfg.max_len, "error", locate=samples.locate)
     kept, lengths, dropped = [], [], 0
     for start, end in ranges:
         keep, packed, n_dropped = packed_lengths(samples, start, end, cfg)
