@@ -22,8 +22,8 @@ MAX_LEN = 512
 def sources(tmp_path_factory) -> tuple[Path, Path]:
     """(long, short): the long source holds about 4x the short one's tokens."""
     root = tmp_path_factory.mktemp("mix")
-    long = write_jsonl(root / "long.jsonl", make_samples(300, seed=1, median=140, max_len=500))
-    short = write_parquet(root / "short.parquet", make_samples(300, seed=2, median=30))
+    long = write_jsonl(root / "long.jsonl", make_samples(400, seed=1, median=140, max_len=500))
+    short = write_parquet(root / "short.parquet", make_samples(400, seed=2, median=30))
     return long, short
 
 
@@ -248,3 +248,55 @@ def test_inspect_names_each_segments_source(cli, sources, tmp_path):
         assert [s["mixture_source"] for s in view["segments"]] == expected
     res = cli("inspect", out, "--row", "0")
     assert res.exit_code == 0 and "source 0, " in res.output + res.stderr
+
+
+def test_out_of_core_writes_the_same_bytes(cli, sources, tmp_path):
+    from packer.read.cache import needs_out_of_core
+
+    long, short = sources
+    assert needs_out_of_core([long, short], ["input_ids", "labels"], 1 << 20)
+    args = ("--mix", f"{long}=1", "--mix", f"{short}=3", "--mix-tokens", "50000")
+    pack(cli, tmp_path / "memory", *args)
+    pack(cli, tmp_path / "streamed", *args, "--memory-budget", "1MiB")
+    shards = [
+        [s["xxh3_128"] for s in json.loads((tmp_path / d / "manifest.json").read_text())["shards"]]
+        for d in ("memory", "streamed")
+    ]
+    assert shards[0] == shards[1]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no cache left
+
+
+def test_window_cp_and_skipped_samples(cli, sources, tmp_path):
+    long, short = sources
+    bad = tmp_path / "bad.jsonl"
+    ok = '{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}\n'
+    bad.write_text((ok + '{"input_ids": [], "labels": []}\n' + ok) * 20)
+    out = tmp_path / "windowed"
+    report = pack(
+        cli,
+        out,
+        "--mix",
+        f"{long}=1",
+        "--mix",
+        f"{bad}=1",
+        "--on-error",
+        "skip",
+        "--window",
+        "64",
+        "--cp-size",
+        "2",
+        "--mix-tokens",
+        "2000",
+    )
+    assert report["rejected"] == 20 and report["window_cost"] is not None
+    seg = per_segment(out)
+    ranges = report["mixture"]["sources"]
+    for s, entry in enumerate(ranges):
+        index = seg["index"][seg["source"] == s]
+        assert index.min() >= entry["first_index"]
+        assert index.max() < entry["first_index"] + entry["input_samples"]
+    rejected = {
+        json.loads(x)["sample_index"] for x in (out / "rejects.jsonl").read_text().splitlines()
+    }
+    assert not rejected & set(seg["index"].tolist())
+    assert verify(out, attention=False).ok
