@@ -121,3 +121,14 @@ def test_bad_split_refused(cli, sources, tmp_path, extra, expected):
     assert res.exit_code == 2, res.output
     assert expected in res.output and len(res.output.strip().splitlines()) == 1
     assert not out.exists() and not (tmp_path / "o-validation").exists()
+
+
+def test_repack_refuses_a_mixture_output(cli, sources, tmp_path):
+    long, short = sources
+    out = tmp_path / "mixed"
+    res = pack(cli, out, "--mix", f"{long}=1", "--mix", f"{short}=1", "--validation-split", "3")
+    assert res.exit_code == 0, res.output
+    for packed in (out, tmp_path / "mixed-validation"):
+        res = cli("pack", packed, "--repack", "-o", tmp_path / "again", "-L", MAX_LEN)
+        assert res.exit_code == 2 and "repeated or left out by design" in res.output
+        assert len(res.output.strip().splitlines()) == 1

@@ -232,6 +232,14 @@ def read_packed(directory: Path) -> tuple[Samples, dict]:
             "read it; pack the pair files again with --pairs instead",
             where=str(directory),
         )
+    if manifest.get("mixture") is not None:
+        raise PackedInputError(
+            "a mixture's or a validation split's output (pack --mix or --validation-split): its "
+            "samples are repeated or left out by design, so "
+            f"{option('repack=True', '--repack')} does not read it; pack the sources again "
+            "with --mix instead",
+            where=str(directory),
+        )
     has_labels = any(inp.get("has_labels") for inp in manifest.get("inputs", []))
     p = _read_pieces(directory, manifest)
     p.sort()
