@@ -111,12 +111,15 @@ def test_existing_validation_output_refused_up_front(cli, sources, tmp_path):
         (["--validation-split", "abc"], "--validation-split must be a fraction in (0, 1)"),
         (["--validation-split", "200"], "leaving none to train on"),
         (["--validation-output", "x"], "--validation-output is where --validation-split"),
+        (["--validation-split", "2", "--validation-output", "{out}/v"], "must be apart"),
+        (["--validation-split", "2", "--validation-output", "{out}"], "must be apart"),
         (["--validation-split", "0.1", "--export", "trl"], "cannot be used with --export"),
     ],
 )
 def test_bad_split_refused(cli, sources, tmp_path, extra, expected):
     long, _ = sources
     out = tmp_path / "o"
+    extra = [a.format(out=out) for a in extra]
     res = cli("pack", long, *extra, "-o", out, "-L", MAX_LEN)
     assert res.exit_code == 2, res.output
     assert expected in res.output and len(res.output.strip().splitlines()) == 1

@@ -85,8 +85,12 @@ def validation_target(out: Path, validation_output, overwrite: bool) -> Path:
         dest = out.with_name(f"{out.name}-validation")
     elif is_url(str(validation_output)):
         raise UsageError(f"{option('validation_output')} must be a local directory")
-    if dest.resolve() == out.resolve():
-        raise UsageError(f"{option('validation_output')} is the output itself", where=str(dest))
+    a, b = dest.resolve(), out.resolve()
+    if a == b or a.is_relative_to(b) or b.is_relative_to(a):
+        raise UsageError(
+            f"{option('validation_output')} and the output must be apart, neither inside the other",
+            where=str(dest),
+        )
     output.check_target(dest, overwrite)
     return dest
 
