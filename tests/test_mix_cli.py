@@ -300,3 +300,17 @@ def test_window_cp_and_skipped_samples(cli, sources, tmp_path):
     }
     assert not rejected & set(seg["index"].tolist())
     assert verify(out, attention=False).ok
+
+
+def test_verify_input_compares_a_mixtures_tokens(cli, sources, tmp_path):
+    long, short = sources
+    out = tmp_path / "checked"
+    pack(cli, out, "--mix", f"{long}=1", "--mix", f"{short}=1", "--mix-tokens", "60000")
+    result = verify(out, [long, short], attention=False)
+    assert result.ok and result.checks["input"].ran
+    entry = json.loads((out / "manifest.json").read_text())["mixture"]["sources"][1]
+    assert entry["epochs"] == 1 and entry["samples"] > entry["available"]  # a partial 2nd pass
+    samples = make_samples(400, seed=2, median=30)
+    samples[0]["input_ids"] = [t + 1 for t in samples[0]["input_ids"]]
+    edited = write_parquet(tmp_path / "short.parquet", samples)
+    assert not verify(out, [long, edited], attention=False).checks["input"].ok

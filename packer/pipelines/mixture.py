@@ -270,6 +270,7 @@ def mixture_report(
                 "epochs": mixed["epochs"] if mixed else 1,
                 "repeats": mixed["repeats"] if mixed else 0,
                 "dropped": mixed["dropped"] if mixed else 0,
+                "available": planned.available[i],
                 "held_out": planned.held_out[i],
                 "share": round(planned.tokens[i] / total, 6) if total else 0.0,
             }
@@ -295,6 +296,7 @@ def validation_report(planned: MixturePlan, described, cfg: PackConfig, split, t
             "epochs": 1,
             "repeats": 0,
             "dropped": 0,
+            "available": planned.held_out[i],
             "held_out": planned.held_out[i],
             "share": round(planned.held_out_tokens[i] / total, 6) if total else 0.0,
         }

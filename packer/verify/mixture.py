@@ -3,8 +3,9 @@
 A mixture's output repeats some samples and leaves others out by design, so the provenance
 check's "every sample once" does not apply; instead every segment names its source
 (`sample_source`), and the tokens and samples of each source, counted from the rows, must be
-exactly what the manifest's `mixture` says. A source used at most once (epochs 0 or 1) must
-hold no (sample, offset) twice; every segment's sample must lie in its source's index range.
+exactly what the manifest's `mixture` says. A source used at most once (subsampled, or whole
+once) must hold no (sample, offset) twice; every segment's sample must lie in its source's
+index range.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def check_mixture(out: Path, manifest: dict, result: CheckResult) -> None:
     n = len(sources)
     first = np.array([s["first_index"] for s in sources], np.int64)
     end = first + np.array([s["input_samples"] for s in sources], np.int64)
-    once = np.array([s["epochs"] <= 1 for s in sources], bool)
+    once = np.array([_used_once(s) for s in sources], bool)
     tokens, samples = np.zeros(n, np.int64), np.zeros(n, np.int64)
     seen: list[np.ndarray] = []
     for entry in manifest["shards"]:
@@ -99,6 +100,14 @@ def check_mixture(out: Path, manifest: dict, result: CheckResult) -> None:
     result.details.update(
         {"sources": n, "tokens": int(tokens.sum()), "samples": int(samples.sum())}
     )
+
+
+def _used_once(source: dict) -> bool:
+    """Whether no sample of the source may be packed twice: subsampled, or used whole once
+    (one epoch and then a subset of the rest repeats some)."""
+    if "available" not in source:
+        return source["epochs"] == 0
+    return source["epochs"] <= 1 and source["samples"] <= source["available"]
 
 
 def _compare(sources: list[dict], tokens: np.ndarray, samples: np.ndarray, result) -> None:
