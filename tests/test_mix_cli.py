@@ -314,3 +314,43 @@ def test_verify_input_compares_a_mixtures_tokens(cli, sources, tmp_path):
     samples[0]["input_ids"] = [t + 1 for t in samples[0]["input_ids"]]
     edited = write_parquet(tmp_path / "short.parquet", samples)
     assert not verify(out, [long, edited], attention=False).checks["input"].ok
+
+
+def test_sources_on_s3_give_the_local_bytes(cli, sources, s3, tmp_path):
+    long, short = sources
+    s3.client.upload_file(str(long), s3.bucket, "corpus/long.jsonl")
+    s3.client.upload_file(str(short), s3.bucket, "corpus/short/part-0.parquet")
+    remote = pack(
+        cli,
+        tmp_path / "remote",
+        "--mix",
+        f"{s3.url('corpus/long.jsonl')}=1",
+        "--mix",
+        f"{s3.url('corpus/short/')}=1",
+    )
+    local = pack(cli, tmp_path / "local", "--mix", f"{long}=1", "--mix", f"{short}=1")
+    digests = [
+        [s["xxh3_128"] for s in json.loads((tmp_path / d / "manifest.json").read_text())["shards"]]
+        for d in ("remote", "local")
+    ]
+    assert digests[0] == digests[1]
+    assert remote["mixture"]["sources"][1]["files"] == [s3.url("corpus/short/part-0.parquet")]
+    assert [s["tokens"] for s in remote["mixture"]["sources"]] == [
+        s["tokens"] for s in local["mixture"]["sources"]
+    ]
+    res = cli("pack", "--mix", f"{long}=1", "-o", s3.url("out"), "-L", MAX_LEN)
+    assert res.exit_code == 2 and "writes local outputs" in res.output
+    res = cli(
+        "pack",
+        long,
+        "--validation-split",
+        "2",
+        "--validation-output",
+        s3.url("v"),
+        "-o",
+        tmp_path / "t",
+        "-L",
+        MAX_LEN,
+    )
+    assert res.exit_code == 2 and "--validation-output must be a local directory" in res.output
+    assert not (tmp_path / "s3:").exists() and not (tmp_path / "t").exists()

@@ -275,7 +275,7 @@ def pack(
     mix: Optional[list[str]] = mix_option(),
     mix_tokens: Optional[int] = mix_tokens_option(),
     validation_split: Optional[str] = split_option(),
-    validation_output: Optional[Path] = split_output_option(),
+    validation_output: Optional[str] = split_output_option(),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,

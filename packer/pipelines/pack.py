@@ -91,7 +91,7 @@ def pack(
     mixing = (mix, mix_tokens, validation_split, validation_output)
     if any(v is not None for v in mixing):
         more = (memory_budget, out_of_core, repack, resume, t0)
-        return _pack_mixture(inputs, out, cfg, mixing, overwrite, progress, workers, more)
+        return _pack_mixture(inputs, output_dir, cfg, mixing, overwrite, progress, workers, more)
     remote = None
     blocks = cfg.block_size is not None or cfg.engine != "local"
     if (
@@ -210,13 +210,14 @@ def _checked_inputs(inputs, output_dir, config, storage_options) -> list:
     return inputs
 
 
-def _pack_mixture(inputs, out, cfg, args, overwrite, progress, workers, more):
+def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, more):
     """A mixture or a validation split (`packer.pipelines.mixture`), local engine only."""
     from packer.pipelines.mixture import check_mixture_run, pack_mixture
 
     memory_budget, out_of_core, repack, resume, t0 = more
     mixing = args[0] is not None or args[1] is not None
-    check_mixture_run(cfg, out, repack=repack, resume=resume, mixing=mixing)
+    check_mixture_run(cfg, str(output_dir), repack=repack, resume=resume, mixing=mixing)
+    out = Path(output_dir)
     if out_of_core is not None:
         raise UsageError(f"{option('out_of_core')} is for one-plan sample runs, not mixtures")
     output.check_target(out, overwrite)
