@@ -270,14 +270,18 @@ def load_yaml(path: str | Path) -> dict:
     return values
 
 
-def load_datasets(path: str | Path | None) -> list[tuple[str, float]] | None:
+def load_datasets(path: str | Path | None) -> dict | None:
     """The mixture a YAML preset names, `datasets: [{path: ..., weight: ...}, ...]`, as
-    (path, weight) pairs; None without one. A weight is a share of the output's tokens."""
+    {"mix": [(path, weight), ...]}; a mixture's manifest.json gives its sources, weights,
+    `mix_tokens` and `validation_split` too, so that it packs again as it was. None without
+    one. A weight is a share of the output's tokens."""
     if path is None:
         return None
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))  # load_yaml checked it
-    if not isinstance(data, dict) or "datasets" not in data:
+    if not isinstance(data, dict):
         return None
+    if "datasets" not in data:
+        return _manifest_mixture(data)
     entries = data["datasets"]
     if not isinstance(entries, list) or not entries:
         raise UsageError("'datasets' must be a non-empty list of {path, weight}", where=str(path))
@@ -302,7 +306,23 @@ def load_datasets(path: str | Path | None) -> list[tuple[str, float]] | None:
         if not isinstance(entry["path"], str) or not entry["path"]:
             raise UsageError(f"datasets[{i}]: the path must be a string", where=str(path))
         pairs.append((entry["path"], float(weight)))
-    return pairs
+    return {"mix": pairs}
+
+
+def _manifest_mixture(data: dict) -> dict | None:
+    """A training output's manifest: its mixture as `pack` takes it (None for other files,
+    for a validation output, and for a split of plain inputs, which need INPUT)."""
+    mixture = data.get("mixture") if "packer_version" in data else None
+    if not isinstance(mixture, dict) or mixture.get("validation_of") is not None:
+        return None
+    weights, sources = mixture.get("weights"), mixture.get("sources") or []
+    if not isinstance(weights, list) or any(not isinstance(s.get("path"), str) for s in sources):
+        return None
+    return {
+        "mix": [(s["path"], float(w)) for s, w in zip(sources, weights)],
+        "mix_tokens": mixture.get("mix_tokens"),
+        "validation_split": mixture.get("validation_split"),
+    }
 
 
 def _manifest_columns(values: dict, inputs) -> None:

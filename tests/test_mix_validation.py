@@ -135,3 +135,19 @@ def test_repack_refuses_a_mixture_output(cli, sources, tmp_path):
         res = cli("pack", packed, "--repack", "-o", tmp_path / "again", "-L", MAX_LEN)
         assert res.exit_code == 2 and "repeated or left out by design" in res.output
         assert len(res.output.strip().splitlines()) == 1
+
+
+def test_a_mixtures_manifest_packs_again_as_it_was(cli, sources, tmp_path):
+    long, short = sources
+    first = tmp_path / "first"
+    args = ("--mix", f"{long}=1", "--mix", f"{short}=3", "--mix-tokens", "20000")
+    assert pack(cli, first, *args, "--validation-split", "0.1", "--seed", "4").exit_code == 0
+    again = tmp_path / "again"
+    res = cli("pack", "-c", first / "manifest.json", "-o", again, "--json")
+    assert res.exit_code == 0, res.output
+    for a, b in ((first, again), (tmp_path / "first-validation", tmp_path / "again-validation")):
+        shards = [json.loads((d / "manifest.json").read_text())["shards"] for d in (a, b)]
+        assert [s["xxh3_128"] for s in shards[0]] == [s["xxh3_128"] for s in shards[1]]
+    # a validation output's manifest names no mixture to make: INPUT or --mix is needed
+    res = cli("pack", "-c", tmp_path / "first-validation" / "manifest.json", "-o", tmp_path / "x")
+    assert res.exit_code == 2 and "missing INPUT" in res.output

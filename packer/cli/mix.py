@@ -46,8 +46,8 @@ def split_output_option():
     return typer.Option(None, "--validation-output", metavar="DIR", help=SPLIT_OUTPUT_HELP)
 
 
-def cfg_mix(config) -> list[tuple[str, float]] | None:
-    """The config file's `datasets:` mixture, or None."""
+def cfg_mix(config) -> dict | None:
+    """The config file's mixture (`datasets:`, or a mixture's manifest.json), or None."""
     from packer.config import load_datasets
 
     return load_datasets(config)
@@ -113,8 +113,11 @@ def mixture_args(
         raise UsageError(
             "--mix names every source of the mixture: give the datasets there, not as INPUT too"
         )
-    if pairs is None and cfg_mix is not None and not inputs:
-        pairs = cfg_mix
+    if pairs is None and cfg_mix is not None and not inputs:  # flags override the file
+        pairs = cfg_mix["mix"]
+        mix_tokens = mix_tokens if mix_tokens is not None else cfg_mix.get("mix_tokens")
+        if split is None and cfg_mix.get("validation_split") is not None:
+            split = str(cfg_mix["validation_split"])
     if pairs is None and not inputs:
         raise UsageError("missing INPUT: name the datasets to pack, or --mix PATH=WEIGHT")
     if mix_tokens is not None and pairs is None:
