@@ -272,7 +272,7 @@ def load_yaml(path: str | Path) -> dict:
 
 def load_datasets(path: str | Path | None) -> dict | None:
     """The mixture a YAML preset names, `datasets: [{path: ..., weight: ...}, ...]`, as
-    {"mix": [(path, weight), ...]}; a mixture's manifest.json gives its sources, weights,
+    {"mix": [{"path", "weight", and its own columns if any}, ...]}; a mixture's manifest.json gives its sources, weights,
     `mix_tokens` and `validation_split` too, so that it packs again as it was. None without
     one. A weight is a share of the output's tokens."""
     if path is None:
@@ -289,11 +289,11 @@ def load_datasets(path: str | Path | None) -> dict | None:
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or "path" not in entry:
             raise UsageError(f"datasets[{i}] must be a mapping with a path", where=str(path))
-        extra = sorted(set(entry) - {"path", "weight"})
+        extra = sorted(set(entry) - {"path", "weight", "input_column", "labels_column"})
         if extra:
             raise UsageError(
-                f"datasets[{i}]: unknown key '{extra[0]}' (a dataset has a path and a weight; "
-                "column options apply to every dataset)",
+                f"datasets[{i}]: unknown key '{extra[0]}' (a dataset has a path, a weight, and "
+                "may have its own input_column and labels_column)",
                 where=str(path),
             )
         weight = entry.get("weight", 1)
@@ -305,7 +305,12 @@ def load_datasets(path: str | Path | None) -> dict | None:
             )
         if not isinstance(entry["path"], str) or not entry["path"]:
             raise UsageError(f"datasets[{i}]: the path must be a string", where=str(path))
-        pairs.append((entry["path"], float(weight)))
+        columns = {
+            k: ColumnName(v, f"{path} datasets[{i}]") if isinstance(v, str) else v
+            for k, v in entry.items()
+            if k in ("input_column", "labels_column")
+        }
+        pairs.append({"path": entry["path"], "weight": float(weight), **columns})
     return {"mix": pairs}
 
 
@@ -319,7 +324,10 @@ def _manifest_mixture(data: dict) -> dict | None:
     if not isinstance(weights, list) or any(not isinstance(s.get("path"), str) for s in sources):
         return None
     return {
-        "mix": [(s["path"], float(w)) for s, w in zip(sources, weights)],
+        "mix": [
+            {"path": s["path"], "weight": float(w), **(s.get("columns") or {})}
+            for s, w in zip(sources, weights)
+        ],
         "mix_tokens": mixture.get("mix_tokens"),
         "validation_split": mixture.get("validation_split"),
     }

@@ -151,3 +151,38 @@ def test_a_mixtures_manifest_packs_again_as_it_was(cli, sources, tmp_path):
     # a validation output's manifest names no mixture to make: INPUT or --mix is needed
     res = cli("pack", "-c", tmp_path / "first-validation" / "manifest.json", "-o", tmp_path / "x")
     assert res.exit_code == 2 and "missing INPUT" in res.output
+
+
+def test_per_dataset_columns_and_labels(cli, tmp_path):
+    """A config's datasets read each with its own columns; a source without labels trains
+    every token but each sample's first, next to one whose labels mask a prompt."""
+    sft = [{"tokens": s["input_ids"], "mask": s["labels"]} for s in make_samples(60, seed=9, max_len=200)]
+    write_jsonl(tmp_path / "sft.jsonl", sft)
+    text = make_samples(60, seed=10, max_len=200, with_labels=False)
+    write_jsonl(tmp_path / "text.jsonl", text)
+    cfg = tmp_path / "mix.yaml"
+    cfg.write_text(
+        f"max_len: {MAX_LEN}\ndatasets:\n"
+        f"  - {{path: {tmp_path}/sft.jsonl, weight: 1, input_column: tokens, labels_column: mask}}\n"
+        f"  - {{path: {tmp_path}/text.jsonl, weight: 1}}\n"
+    )
+    out = tmp_path / "out"
+    res = cli("pack", "-c", cfg, "-o", out, "--row-order", "plan", "--json")
+    assert res.exit_code == 0, res.output
+    table = read_shards(out).to_pylist()
+    seen = set()
+    for row in table:
+        cu, sources, index = row["cu_seqlens"], row["sample_source"], row["sample_index"]
+        for k, (source, i) in enumerate(zip(sources, index)):
+            labels = row["labels"][cu[k] : cu[k + 1]]
+            ids = row["input_ids"][cu[k] : cu[k + 1]]
+            want = sft[i]["mask"] if source == 0 else text[i - 60]["input_ids"]
+            assert ids == (sft[i]["tokens"] if source == 0 else want)
+            assert labels == [-100] + want[1:]
+            seen.add(source)
+    assert seen == {0, 1}
+    assert verify(out, attention=False).ok
+    cfg.write_text(cfg.read_text().replace("labels_column: mask", "labels_column: nope"))
+    res = cli("pack", "-c", cfg, "-o", tmp_path / "never")
+    assert res.exit_code == 2 and "labels_column" in res.output and "nope" in res.output
+    assert len(res.output.strip().splitlines()) == 1

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from packer.arguments import parse_size
 from packer.config import PackConfig
-from packer.errors import OutputError, UsageError, option
+from packer.errors import UsageError, option
 from packer.interrupts import interrupt_once
+from packer.pipelines.mixture_read import check_source_columns, read_sources
 from packer.pipelines.mixture_select import (
     MixSource,
     MixturePlan,
@@ -37,16 +37,6 @@ from packer.pipelines.result import PackResult, Progress, stats_of
 from packer.planning.cp import pad_to_multiple
 from packer.planning.row_order import order_plan_rows
 from packer.planning.strategies import plan
-from packer.read.assemble import read_samples
-from packer.read.cache import (
-    batch_bytes_for,
-    default_budget,
-    make_cache_dir,
-    needs_out_of_core,
-    remove_cache_dir,
-    stream_samples,
-)
-from packer.read.columns import check_columns
 from packer.read.samples import Samples
 from packer.storage import display, is_url
 from packer.write import commit as output
@@ -124,10 +114,9 @@ def pack_mixture(
         )
     vout = validation_target(out, validation_output, overwrite) if split is not None else None
     files = expand_sources(sources)
-    every = [f for part in files for f in part]
-    check_columns(every, cfg)
+    check_source_columns(sources, files, cfg)
     with ExitStack() as stack:
-        samples = _read(every, out, cfg, memory_budget, stack)
+        samples = read_sources(sources, files, out, cfg, memory_budget, stack)
         read_seconds = time.perf_counter() - t0
         counts = file_counts(samples, files)
         ranges = source_ranges(samples, counts)
@@ -174,31 +163,6 @@ def _check_split(split):
     return split
 
 
-def _read(files: list, out: Path, cfg: PackConfig, memory_budget, stack: ExitStack) -> Samples:
-    """Every source's files into one `Samples`: in memory, or streamed to a cache beside the
-    output when twice their decoded size is over the memory budget."""
-    budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
-    labels = cfg.labels_column or None
-    columns = [cfg.input_column] + ([labels] if labels else [])
-    if not needs_out_of_core(files, columns, budget):
-        return read_samples(files, cfg.input_column, labels, on_error=cfg.on_error, chunked=True)
-    try:
-        cache_dir = make_cache_dir(out)
-    except OSError as exc:
-        raise OutputError(
-            f"cannot create a cache directory: {output.os_reason(exc)}", where=str(out.parent)
-        ) from None
-    stack.callback(remove_cache_dir, cache_dir)
-    return stream_samples(
-        files,
-        cache_dir,
-        cfg.input_column,
-        labels,
-        on_error=cfg.on_error,
-        batch_bytes=batch_bytes_for(budget),
-    )
-
-
 def file_counts(samples: Samples, files: list[list]) -> list[int]:
     """Samples in each source's files (rows read, rejected ones included)."""
     counts, k = [], 0
@@ -217,6 +181,7 @@ def describe_sources(sources: list[MixSource], files: list[list], bounds: np.nda
             "files": [display(f) for f in part],
             "first_index": int(bounds[i]),
             "input_samples": int(bounds[i + 1] - bounds[i]),
+            **({"columns": dict(s.columns)} if s.columns else {}),
         }
         for i, (s, part) in enumerate(zip(sources, files))
     ]

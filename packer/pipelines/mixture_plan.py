@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import numpy as np
 
 from packer.config import PackConfig
 from packer.pipelines.mixture import describe_sources, file_counts, mixture_report
+from packer.pipelines.mixture_read import check_source_columns, read_sources
 from packer.pipelines.mixture_select import (
     expand_sources,
     mix_sources,
@@ -13,8 +16,6 @@ from packer.pipelines.mixture_select import (
     selection_segments,
     source_ranges,
 )
-from packer.read.assemble import read_samples
-from packer.read.columns import check_columns
 
 
 def mixture_lengths(
@@ -24,9 +25,9 @@ def mixture_lengths(
     `pack` with these options would plan, as it would choose the samples."""
     sources = mix_sources(mix, inputs)
     files = expand_sources(sources)
-    every = [f for part in files for f in part]
-    check_columns(every, cfg)
-    samples = read_samples(every, cfg.input_column, None, chunked=True)
+    check_source_columns(sources, files, cfg)
+    with ExitStack() as stack:  # plan reads in memory, as it does without a mixture
+        samples = read_sources(sources, files, None, cfg, None, stack)
     counts = file_counts(samples, files)
     ranges = source_ranges(samples, counts)
     planned = plan_mixture(

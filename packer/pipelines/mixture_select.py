@@ -14,7 +14,7 @@ import math
 import numbers
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,24 +27,35 @@ from packer.read.files import expand_inputs
 from packer.read.samples import Samples
 from packer.storage import display
 
+COLUMN_KEYS = ("input_column", "labels_column")  # what a source may set for itself
+
 
 @dataclass(frozen=True)
 class MixSource:
     """One source of a mixture: what the user named (a path, directory or glob; several for
-    the plain inputs of a run without a mixture) and its weight (a share of the tokens)."""
+    the plain inputs of a run without a mixture), its weight (a share of the tokens), and the
+    column options it reads with where they are its own."""
 
     paths: tuple[str, ...]
     weight: float
+    columns: dict = field(default_factory=dict)
+    from_mix: bool = True  # named by `mix` (not the plain inputs of a split)
+
+    def read_columns(self, cfg: PackConfig) -> tuple[str, str | None]:
+        """(input column, labels column or None) this source is read with."""
+        labels = self.columns.get("labels_column", cfg.labels_column)
+        return self.columns.get("input_column", cfg.input_column), labels or None
 
 
 def mix_sources(mix, inputs: Sequence) -> list[MixSource]:
-    """The sources of a run: `mix` as {path: weight} or [(path, weight), ...]; without it, the
-    inputs as one source of weight 1 (a validation split of a plain run)."""
+    """The sources of a run: `mix` as {path: weight}, or a list of (path, weight) pairs or
+    {"path", "weight", "input_column", "labels_column"} mappings; without it, the inputs as one
+    source of weight 1 (a validation split of a plain run)."""
     name = option("mix")
     if mix is None:
         if not inputs:
             raise UsageError("no input: name the datasets to pack")
-        return [MixSource(tuple(str(p) for p in inputs), 1.0)]
+        return [MixSource(tuple(str(p) for p in inputs), 1.0, from_mix=False)]
     if inputs:
         raise UsageError(
             f"{option('mix')} names every source of the mixture: pass the datasets there, "
@@ -53,19 +64,35 @@ def mix_sources(mix, inputs: Sequence) -> list[MixSource]:
     pairs = list(mix.items()) if isinstance(mix, Mapping) else mix
     if isinstance(pairs, (str, bytes)) or not isinstance(pairs, Sequence) or not pairs:
         raise UsageError(f"{name} must be a non-empty {{path: weight}} or list of (path, weight)")
-    sources = []
-    for entry in pairs:
-        if not isinstance(entry, (tuple, list)) or len(entry) != 2:
-            raise UsageError(f"{name} entries must be (path, weight) pairs, got {entry!r}")
-        path, weight = entry
-        if not isinstance(path, (str, os.PathLike)) or not str(path):
-            raise UsageError(f"{name}: a source's path must be a path or glob, got {path!r}")
-        if not isinstance(weight, numbers.Real) or isinstance(weight, bool):
-            raise UsageError(f"{name} {path}: the weight must be a number, got {weight!r}")
-        if not math.isfinite(weight) or weight <= 0:
-            raise UsageError(f"{name} {path}: the weight must be a number above 0, got {weight}")
-        sources.append(MixSource((str(path),), float(weight)))
-    return sources
+    return [_source(entry, name) for entry in pairs]
+
+
+def _source(entry, name: str) -> MixSource:
+    """One entry of `mix`, checked."""
+    columns = {}
+    if isinstance(entry, Mapping):
+        extra = sorted(set(entry) - {"path", "weight", *COLUMN_KEYS})
+        if extra or "path" not in entry:
+            raise UsageError(
+                f"{name} entries take path, weight, input_column and labels_column, got {entry!r}"
+            )
+        columns = {k: entry[k] for k in COLUMN_KEYS if k in entry}
+        entry = (entry["path"], entry.get("weight", 1))
+    if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+        raise UsageError(f"{name} entries must be (path, weight) pairs, got {entry!r}")
+    path, weight = entry
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise UsageError(f"{name}: a source's path must be a path or glob, got {path!r}")
+    if not isinstance(weight, numbers.Real) or isinstance(weight, bool):
+        raise UsageError(f"{name} {path}: the weight must be a number, got {weight!r}")
+    if not math.isfinite(weight) or weight <= 0:
+        raise UsageError(f"{name} {path}: the weight must be a number above 0, got {weight}")
+    for key, value in columns.items():
+        if not (isinstance(value, str) and value) and not (
+            key == "labels_column" and value is None
+        ):
+            raise UsageError(f"{name} {path}: {key} must be a column name, got {value!r}")
+    return MixSource((str(path),), float(weight), columns)
 
 
 def expand_sources(sources: list[MixSource], stage: bool = True) -> list[list]:
@@ -76,7 +103,7 @@ def expand_sources(sources: list[MixSource], stage: bool = True) -> list[list]:
         try:
             found = list(expand_inputs(list(source.paths), stage=stage))
         except InputError as exc:
-            if len(sources) == 1 and source.weight == 1.0:
+            if not source.from_mix:
                 raise
             raise InputError(f"{option('mix')} {source.paths[0]}: {exc.problem}") from None
         for f in found:
