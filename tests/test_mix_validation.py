@@ -156,7 +156,10 @@ def test_a_mixtures_manifest_packs_again_as_it_was(cli, sources, tmp_path):
 def test_per_dataset_columns_and_labels(cli, tmp_path):
     """A config's datasets read each with its own columns; a source without labels trains
     every token but each sample's first, next to one whose labels mask a prompt."""
-    sft = [{"tokens": s["input_ids"], "mask": s["labels"]} for s in make_samples(60, seed=9, max_len=200)]
+    sft = [
+        {"tokens": s["input_ids"], "mask": s["labels"]}
+        for s in make_samples(60, seed=9, max_len=200)
+    ]
     write_jsonl(tmp_path / "sft.jsonl", sft)
     text = make_samples(60, seed=10, max_len=200, with_labels=False)
     write_jsonl(tmp_path / "text.jsonl", text)
