@@ -311,7 +311,7 @@ def load_datasets(path: str | Path | None) -> dict | None:
             if k in ("input_column", "labels_column")
         }
         pairs.append({"path": entry["path"], "weight": float(weight), **columns})
-    return {"mix": pairs}
+    return {"mix": pairs, "datasets": str(path)}
 
 
 def _manifest_mixture(data: dict) -> dict | None:

@@ -156,6 +156,12 @@ def test_config_datasets(cli, sources, tmp_path):
         for d in ("from-config", "from-flags")
     ]
     assert digest[0] == digest[1]
+    res = cli("pack", long, "-c", cfg, "-o", tmp_path / "never")
+    assert res.exit_code == 2 and "names the datasets (datasets:) and so does INPUT" in res.output
+    flags = pack(
+        cli, tmp_path / "flags-win", "-c", cfg, "--mix", f"{long}=1", "--mix", f"{short}=3"
+    )
+    assert flags["mixture"]["weights"] == [0.25, 0.75]  # --mix overrides the file's datasets
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"max_len: 64\ndatasets:\n  - {{path: {long}, weight: 0}}\n")
     res = cli("pack", "-c", bad, "-o", tmp_path / "never")

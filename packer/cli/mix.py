@@ -113,6 +113,10 @@ def mixture_args(
         raise UsageError(
             "--mix names every source of the mixture: give the datasets there, not as INPUT too"
         )
+    if inputs and cfg_mix is not None and cfg_mix.get("datasets"):
+        raise UsageError(
+            f"{cfg_mix['datasets']} names the datasets (datasets:) and so does INPUT: keep one"
+        )
     if pairs is None and cfg_mix is not None and not inputs:  # flags override the file
         pairs = cfg_mix["mix"]
         mix_tokens = mix_tokens if mix_tokens is not None else cfg_mix.get("mix_tokens")
