@@ -130,13 +130,24 @@ def tokenize(
 
 
 def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows) -> TokenizeResult:
-    result = TokenizeResult(output="", manifest={}, workers=n)
-    t0 = time.perf_counter()
     columns_read = list(dict.fromkeys(_column_names(columns)))
 
     def batches():
         for index, raw in enumerate(files):
             yield from read_batches(raw, index, columns_read, batch_rows, BATCH_BYTES)
+
+    return tokenize_batches(batches(), tmp, encoder, columns, on_error, n, progress)
+
+
+def tokenize_batches(
+    batches: Iterable, directory, encoder, columns, on_error: str, n: int, progress=None
+) -> TokenizeResult:
+    """Tokenize `RawBatch`es into their shards in `directory` with `n` worker processes (in
+    this process when 1): what `tokenize` does with a file's batches, for rows that come from
+    elsewhere (`pack_dataset`'s 🤗 datasets). The counts come back; nothing is placed."""
+    result = TokenizeResult(output="", manifest={}, workers=n)
+    t0 = time.perf_counter()
+    tmp = directory
 
     def add(done: BatchDone) -> None:
         result.lines += done.lines
@@ -156,7 +167,7 @@ def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows) -> Tok
 
     if n == 1:
         setup(encoder.spec, columns, on_error, encoder=encoder)
-        for batch in batches():
+        for batch in batches:
             raise_if_interrupted()
             add(tokenize_batch(batch, str(tmp)))
         return result
@@ -164,7 +175,7 @@ def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows) -> Tok
         pool = context.Pool(n, initializer=init_worker, initargs=(first, columns, on_error))
     try:
         pending: deque = deque()
-        for batch in batches():
+        for batch in batches:
             pending.append(pool.apply_async(tokenize_batch, (batch, str(tmp))))
             while len(pending) >= IN_FLIGHT * n:
                 add(_wait(pending.popleft()))
