@@ -80,6 +80,10 @@ def summary(report: dict) -> str:
         return f"tokenized output reused from the cache: {report['output']}"
     rate = f", {report['tokens_per_second']:,} tokens/s" if report["tokens_per_second"] else ""
     rejected = f", {report['rejected']:,} rejected" if report["rejected"] else ""
+    if report.get("batches_reused"):
+        rejected += (
+            f", {count(report['batches_reused'], 'batch', 'batches')} kept from the killed run"
+        )
     return (
         f"tokenized {report['lines']:,} lines into {report['samples']:,} samples, "
         f"{report['tokens']:,} tokens ({report['trained_tokens']:,} trained){rejected} in "
@@ -143,6 +147,7 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
 
     names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
     tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
+    resume = bool(params.get("resume"))
     if tokenizer is None:
         if chat_template is not None or train_on is not None:
             flag = "--chat-template" if chat_template is not None else "--train-on"
@@ -158,7 +163,7 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
     key = local_tokenizer_key(tokenizer, chat_template, train_on)
     skip = output if is_url(output) else Path(output)
-    with tokenize_progress(not json_out) as progress:
+    with tokenize_progress(not json_out) as progress, _runner(cfg, workers) as runner:
         result = tokenized_input(
             inputs,
             lambda: make_encoder(tokenizer, chat_template, train_on, False),
@@ -168,6 +173,8 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
             on_error=cfg.on_error,
             progress=progress,
             skip=skip,
+            resume=resume,
+            runner=runner,
         )
     if not json_out:
         say(summary(result.report()))
@@ -177,6 +184,22 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
                 f"{Path(result.output) / 'rejects.txt'}"
             )
     return RawPack([result.output], describe_source(result))
+
+
+@contextmanager
+def _runner(cfg, workers: int | None):
+    """With --engine ray, the batches are tokenized as Ray tasks (None: worker processes)."""
+    if cfg.engine == "local":
+        yield None
+        return
+    from packer.pipelines.tokenize_engine import EngineRunner
+    from packer.workers import available
+
+    runner = EngineRunner(cfg.engine, cfg.ray_address, workers or available())
+    try:
+        yield runner
+    finally:
+        runner.close()
 
 
 @contextmanager

@@ -84,6 +84,12 @@ def tokenize(
     overwrite: bool = typer.Option(
         False, "--overwrite", help=f"Replace an existing tokenized output. {OFF}"
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Pick up a killed run to the same output: keep every batch it finished, tokenize "
+        f"the rest; refused in one line when an input or an option changed. {OFF}",
+    ),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -107,6 +113,7 @@ def tokenize(
                 on_error=on_error or "error",
                 overwrite=overwrite,
                 progress=progress,
+                resume=resume,
             )
         report = result.report()
         if json_out:
