@@ -80,6 +80,9 @@ def summary(report: dict) -> str:
         return f"tokenized output reused from the cache: {report['output']}"
     rate = f", {report['tokens_per_second']:,} tokens/s" if report["tokens_per_second"] else ""
     rejected = f", {report['rejected']:,} rejected" if report["rejected"] else ""
+    where = f"{report['workers']} workers"
+    if report.get("engine", "local") != "local":
+        where = f"on {report['engine']} tasks"
     if report.get("batches_reused"):
         rejected += (
             f", {count(report['batches_reused'], 'batch', 'batches')} kept from the killed run"
@@ -87,7 +90,7 @@ def summary(report: dict) -> str:
     return (
         f"tokenized {report['lines']:,} lines into {report['samples']:,} samples, "
         f"{report['tokens']:,} tokens ({report['trained_tokens']:,} trained){rejected} in "
-        f"{report['seconds']:.2f} s{rate}, {report['workers']} workers: {report['output']}"
+        f"{report['seconds']:.2f} s{rate}, {where}: {report['output']}"
     )
 
 

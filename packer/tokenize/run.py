@@ -57,6 +57,7 @@ class TokenizeResult:
     trained: int = 0
     rejected: int = 0
     workers: int = 1
+    engine: str = "local"  # "ray": the batches ran as tasks of that engine
     seconds: float = 0.0
     reused: bool = False  # a cached output, not tokenized by this run
     batches_reused: int = 0  # batches a resumed run kept from the killed one
@@ -71,6 +72,7 @@ class TokenizeResult:
             "trained_tokens": self.trained,
             "rejected": self.rejected,
             "workers": self.workers,
+            "engine": self.engine,
             "seconds": round(self.seconds, 3),
             "tokens_per_second": round(self.tokens / self.seconds) if self.seconds else None,
             "reused": self.reused,
@@ -199,6 +201,7 @@ def tokenize_batches(
 
     items = _with_kept(batches, tmp) if records else ((b, None) for b in batches)
     if runner is not None:
+        result.engine = getattr(runner, "name", "engine")
         for chunk in _chunked(items, RUNNER_CHUNK):
             todo = [batch for batch, kept in chunk if kept is None]
             ran = iter(runner(encoder, columns, on_error, todo, str(tmp)) if todo else [])

@@ -1,0 +1,96 @@
+"""`packer pack RAW --tokenizer --engine ray`: the raw batches are tokenized as Ray tasks on
+the session's multi-node test cluster (conftest's `cluster`), one tokenizer per worker process,
+into the shards and packed bytes of the local path; a killed driver is resumed with --resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_tokenize_ray_resume import ROWS, write_raw
+from tokenizers_util import PLAIN, build_tokenizer
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one cluster per test process: keep them together
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = ("--block-size", "64KiB")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Path:
+    return build_tokenizer(tmp_path_factory.mktemp("tok") / "plain", PLAIN)
+
+
+def digests(directory: Path, pattern: str) -> dict[str, str]:
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.glob(pattern))
+    }
+
+
+def packer(*args, cache: Path, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(cache), **env}
+    cmd = [sys.executable, "-m", "packer", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_ray_tokenizes_to_the_local_shards_and_packed_bytes(
+    cli, cluster, tokenizer, tmp_path, monkeypatch
+):
+    raw = write_raw(tmp_path / "raw.jsonl", 2 * ROWS + 300, seed=5)
+    args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
+    local = packer(*args, "-o", tmp_path / "local", "--workers", "2", cache=tmp_path / "c1")
+    assert local.returncode == 0, local.stderr
+
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "c2"))
+    on_ray = cli(*args, "-o", tmp_path / "ray", "--engine", "ray", "--ray-address", cluster)
+    assert on_ray.exit_code == 0, on_ray.stderr
+    assert "on ray tasks" in on_ray.stderr
+    assert digests(tmp_path / "ray", "shard-*") == digests(tmp_path / "local", "shard-*")
+    tokenized = digests(tmp_path / "c2", "tokenized/*/part-*")
+    assert tokenized == digests(tmp_path / "c1", "tokenized/*/part-*") and len(tokenized) == 3
+
+
+def test_a_bad_record_on_a_ray_task_is_one_line_naming_file_and_line(
+    cli, cluster, tokenizer, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    raw = write_raw(tmp_path / "raw.jsonl", ROWS + 10, seed=6)
+    with raw.open("a") as fh:
+        fh.write(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    r = cli("pack", raw, "--tokenizer", tokenizer, "-L", "256", "-o", tmp_path / "out",
+            "--engine", "ray", "--ray-address", cluster)  # fmt: skip
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: {raw}:{ROWS + 11}: ")
+    assert not (tmp_path / "out").exists()
+    assert [p for p in (tmp_path / "cache" / "tokenized").iterdir()] == []
+
+
+def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, tmp_path):
+    raw = write_raw(tmp_path / "raw.jsonl", 3 * ROWS + 50, seed=7)
+    args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
+    local = packer(*args, "-o", tmp_path / "local", "--workers", "1", cache=tmp_path / "c1")
+    assert local.returncode == 0, local.stderr
+
+    on_ray = [*args, "-o", tmp_path / "out", "--engine", "ray", "--ray-address", cluster]
+    cache = tmp_path / "c2"
+    killed = packer(*on_ray, cache=cache, PACKER_FAULT_KILL_AT_TOKENIZED="2")
+    assert killed.returncode == -9, killed.stderr
+    time.sleep(1)  # Ray ends the dead driver's tasks
+    resumed = packer(*on_ray, "--resume", cache=cache)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "2 batches kept from the killed run" in resumed.stderr  # 2 of 4 run again on Ray
+    assert "on ray tasks" in resumed.stderr
+    assert digests(tmp_path / "out", "shard-*") == digests(tmp_path / "local", "shard-*")
+    entries = list((cache / "tokenized").iterdir())
+    assert len(entries) == 1 and not (entries[0] / ".done").exists()
+    kept = list(digests(entries[0], "part-*").values())
+    assert kept == list(digests(tmp_path / "c1", "tokenized/*/part-*").values()) and len(kept) == 4
