@@ -141,13 +141,28 @@ def bad_rows() -> list[dict]:
     return rows
 
 
-def test_a_bad_row_is_named_by_its_index(tokenizer):
+def test_a_bad_row_is_named_by_its_index(tokenizer, monkeypatch):
     ds = as_dataset(bad_rows())
     with pytest.raises(SampleError, match=r"^row 17: .*assistant") as err:
         pack_dataset(ds, 256, tokenizer=tokenizer)
     assert "\n" not in str(err.value)
+    # streamed in chunks of 10 rows: row 17 is the 8th of the second chunk, still `row 17`
+    monkeypatch.setattr("packer.read.objects.READ_CHUNK", 10)
     with pytest.raises(SampleError, match=r"^row 17: "):
         list(pack_dataset(ds.to_iterable_dataset(), 256, tokenizer=tokenizer))
+
+
+def test_a_file_backed_dataset_is_packed_to_a_cache_file_keyed_by_the_tokenizer(
+    tokenizer, tmp_path
+):
+    ds = as_dataset(raw_rows(60, seed=5))
+    ds.save_to_disk(str(tmp_path / "ds"))
+    on_disk = datasets.load_from_disk(str(tmp_path / "ds"))
+    packed = pack_dataset(on_disk, 256, tokenizer=tokenizer)
+    assert packed.cache_files and Path(packed.cache_files[0]["filename"]).parent == tmp_path / "ds"
+    assert packed.data.table.equals(pack_dataset(ds, 256, tokenizer=tokenizer).data.table)
+    last = pack_dataset(on_disk, 256, tokenizer=tokenizer, train_on="last")
+    assert last.cache_files[0]["filename"] != packed.cache_files[0]["filename"]
 
 
 def test_on_error_skip_leaves_the_row_out_and_lists_it(tokenizer):

@@ -94,3 +94,16 @@ def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, tm
     assert len(entries) == 1 and not (entries[0] / ".done").exists()
     kept = list(digests(entries[0], "part-*").values())
     assert kept == list(digests(tmp_path / "c1", "tokenized/*/part-*").values()) and len(kept) == 4
+
+
+def test_packer_tokenize_on_ray_writes_the_local_output(cli, cluster, tokenizer, tmp_path):
+    a = write_raw(tmp_path / "a.jsonl", ROWS + 5, seed=8)
+    b = write_raw(tmp_path / "b.jsonl", 40, seed=9)
+    args = ["tokenize", a, b, "--tokenizer", tokenizer, "--workers", "1"]
+    local = cli(*args, "-o", tmp_path / "local")
+    assert local.exit_code == 0, local.stderr
+    on_ray = cli(*args, "-o", tmp_path / "ray", "--engine", "ray", "--ray-address", cluster)
+    assert on_ray.exit_code == 0, on_ray.stderr
+    assert "on ray tasks" in on_ray.stderr
+    files = digests(tmp_path / "local", "*")
+    assert files == digests(tmp_path / "ray", "*") and len(files) == 4  # 3 shards, tokenized.json

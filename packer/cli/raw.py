@@ -11,6 +11,7 @@ from pathlib import Path
 from packer.errors import InputError, UsageError, count
 
 TRAIN_ON = ("assistant", "last", "all")
+ENGINES = ("local", "ray")
 ON_ERROR = ("error", "skip")
 RAW_KEYS = (
     "messages",
@@ -189,16 +190,30 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     return RawPack([result.output], describe_source(result))
 
 
-@contextmanager
 def _runner(cfg, workers: int | None):
-    """With --engine ray, the batches are tokenized as Ray tasks (None: worker processes)."""
-    if cfg.engine == "local":
+    return engine_runner(cfg.engine, cfg.ray_address, workers)
+
+
+def engine_runner(engine: str | None, ray_address: str | None, workers: int | None):
+    """A context giving the tokenize runner of --engine: None (worker processes) for local;
+    with ray, the batches are tokenized as Ray tasks. Checks the flags at once."""
+    from packer import arguments as A
+
+    engine = A.choice(engine or "local", "engine", ENGINES)
+    if ray_address is not None and engine != "ray":
+        raise UsageError("--ray-address needs --engine ray")
+    return _engine_runner(engine, ray_address, workers)
+
+
+@contextmanager
+def _engine_runner(engine: str, ray_address: str | None, workers: int | None):
+    if engine == "local":
         yield None
         return
     from packer.pipelines.tokenize_engine import EngineRunner
     from packer.workers import available
 
-    runner = EngineRunner(cfg.engine, cfg.ray_address, workers or available())
+    runner = EngineRunner(engine, ray_address, workers or available())
     try:
         yield runner
     finally:
