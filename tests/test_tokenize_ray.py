@@ -74,26 +74,49 @@ def test_a_bad_record_on_a_ray_task_is_one_line_naming_file_and_line(
     assert [p for p in (tmp_path / "cache" / "tokenized").iterdir()] == []
 
 
+def _records(cache: Path) -> list[Path]:
+    return list(cache.glob("tokenized/.*.packer-tmp-*/.done/part-*.json"))
+
+
 def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, tmp_path):
-    raw = write_raw(tmp_path / "raw.jsonl", 3 * ROWS + 50, seed=7)
+    """SIGKILL the driver while the batches run on Ray: each task recorded its batch once its
+    shard was written, --resume keeps exactly those and writes the local run's bytes."""
+    raw = write_raw(tmp_path / "raw.jsonl", 12 * ROWS, seed=7)
     args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
     local = packer(*args, "-o", tmp_path / "local", "--workers", "1", cache=tmp_path / "c1")
     assert local.returncode == 0, local.stderr
 
-    on_ray = [*args, "-o", tmp_path / "out", "--engine", "ray", "--ray-address", cluster]
     cache = tmp_path / "c2"
-    killed = packer(*on_ray, cache=cache, PACKER_FAULT_KILL_AT_TOKENIZED="2")
-    assert killed.returncode == -9, killed.stderr
-    time.sleep(1)  # Ray ends the dead driver's tasks
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(cache)}
+    on_ray = [*args, "-o", tmp_path / "out", "--engine", "ray", "--ray-address", cluster]
+    cmd = [sys.executable, "-m", "packer", *map(str, on_ray)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not _records(cache):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    seen, still = -1, 0
+    while still < 3:  # Ray ends the dead driver's tasks; wait until no record appears
+        time.sleep(1)
+        count = len(_records(cache))
+        still, seen = (still + 1, seen) if count == seen else (0, count)
+    assert seen > 0 and not (tmp_path / "out").exists()
+
     resumed = packer(*on_ray, "--resume", cache=cache)
     assert resumed.returncode == 0, resumed.stderr
-    assert "2 batches kept from the killed run" in resumed.stderr  # 2 of 4 run again on Ray
-    assert "on ray tasks" in resumed.stderr
+    kept = "1 batch" if seen == 1 else f"{seen} batches"
+    assert f"{kept} kept from the killed run" in resumed.stderr, (seen, resumed.stderr)
     assert digests(tmp_path / "out", "shard-*") == digests(tmp_path / "local", "shard-*")
     entries = list((cache / "tokenized").iterdir())
     assert len(entries) == 1 and not (entries[0] / ".done").exists()
-    kept = list(digests(entries[0], "part-*").values())
-    assert kept == list(digests(tmp_path / "c1", "tokenized/*/part-*").values()) and len(kept) == 4
+    parts = list(digests(entries[0], "part-*").values())
+    assert parts == list(digests(tmp_path / "c1", "tokenized/*/part-*").values())
+    assert len(parts) == 12
 
 
 def test_packer_tokenize_on_ray_writes_the_local_output(cli, cluster, tokenizer, tmp_path):

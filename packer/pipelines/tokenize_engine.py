@@ -5,30 +5,39 @@ The driver reads the raw files and cuts the batches exactly as a local run does
 (`packer.tokenize.files`); each task builds the encoder once per worker process from its spec
 (one tokenizer per process: a shared one stops scaling) and writes its batch's shard into the
 run's temporary directory, which must be on storage every node sees, as `--engine ray`'s output
-is. The shards are named by input file and batch, so they are the local run's bytes, and the
-completion records the driver writes as results come back are the ones `--resume` keeps.
+is. The shards are named by input file and batch, so they are the local run's bytes; each task
+writes its batch's completion record after the shard, and those are what `--resume` keeps.
 """
 
 from __future__ import annotations
 
 import os
 from contextlib import ExitStack
+from pathlib import Path
 
 from packer.engines import open_engine
+from packer.tokenize.resume import save_batch
 from packer.tokenize.run import WORKER_BYTES
 from packer.tokenize.worker import BatchDone, setup, tokenize_batch
 
 _ready: dict = {}  # this worker process's encoder key: (fingerprint, columns, on_error)
 
 
-def tokenize_task(spec: dict, columns, on_error: str, batch, directory: str) -> BatchDone:
-    """One batch, on a worker process (its encoder built at the first batch it gets)."""
+def tokenize_task(
+    spec: dict, columns, on_error: str, batch, directory: str, records: bool
+) -> BatchDone:
+    """One batch, on a worker process (its encoder built at the first batch it gets); with
+    `records`, its completion record is written here, once the shard is, so that a driver
+    lost while tasks run keeps every batch finished by then."""
     key = (spec["fingerprint"], columns, on_error)
     if _ready.get("key") != key:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per task
         setup(spec, columns, on_error)
         _ready["key"] = key
-    return tokenize_batch(batch, directory)
+    done = tokenize_batch(batch, directory)
+    if records:
+        save_batch(Path(directory), done, driver=False)
+    return done
 
 
 class EngineRunner:
@@ -40,13 +49,15 @@ class EngineRunner:
         self.stack = ExitStack()
         self.engine = None
 
-    def __call__(self, encoder, columns, on_error: str, batches: list, directory: str) -> list:
+    def __call__(
+        self, encoder, columns, on_error: str, batches: list, directory: str, records: bool
+    ) -> list:
         if self.engine is None:
             self.engine = self.stack.enter_context(
                 open_engine(self.name, self.address, self.workers)
             )
         spec = encoder.spec
-        calls = [(spec, columns, on_error, batch, directory) for batch in batches]
+        calls = [(spec, columns, on_error, batch, directory, records) for batch in batches]
         return self.engine.map(tokenize_task, calls, memory=WORKER_BYTES)
 
     def close(self) -> None:

@@ -161,8 +161,10 @@ def kept_batch(tmp: Path, shard: str) -> BatchDone | None:
     return done
 
 
-def save_batch(tmp: Path, done: BatchDone) -> None:
-    """A finished batch's record, after its shard is written."""
+def save_batch(tmp: Path, done: BatchDone, driver: bool = True) -> None:
+    """A finished batch's record, after its shard is written: by the driver, or by the engine
+    task that wrote the shard (`driver=False`), so that a driver killed while tasks run keeps
+    every batch finished by then."""
     from packer.tokenize.output import shard_name
 
     entry = None
@@ -175,7 +177,8 @@ def save_batch(tmp: Path, done: BatchDone) -> None:
         }
     name = shard_name(done.file_index, done.batch_index).replace(".parquet", ".json")
     _write(tmp / RECORDS / name, {"done": asdict(done), "shard": entry})
-    _fault_point(tmp / RECORDS)
+    if driver:
+        fault_point(tmp)
 
 
 def drop_records(tmp: Path) -> None:
@@ -201,11 +204,11 @@ def _read(path: Path) -> dict | None:
     return record if isinstance(record, dict) else None
 
 
-def _fault_point(records: Path) -> None:
+def fault_point(tmp: Path) -> None:
     """Fault injection for tests: with PACKER_FAULT_KILL_AT_TOKENIZED=N set, the driver kills
-    itself (SIGKILL) right after writing its N-th batch record."""
+    itself (SIGKILL) once N batch records are written, as it takes a finished batch."""
     at = os.environ.get("PACKER_FAULT_KILL_AT_TOKENIZED")
-    if at and sum(1 for _ in records.glob("part-*.json")) >= int(at):
+    if at and sum(1 for _ in (tmp / RECORDS).glob("part-*.json")) >= int(at):
         import signal
 
         os.kill(os.getpid(), signal.SIGKILL)

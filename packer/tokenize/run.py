@@ -41,7 +41,8 @@ IN_FLIGHT = 2  # batches per worker queued or running
 SHOWN_REJECTS = 1000  # rejects listed in tokenized.json (rejects.txt lists all)
 RUNNER_CHUNK = 64  # batches handed to an engine at a time (at most 512 MiB of raw rows)
 Progress = Callable[[str, int, int, str], None]
-# runner(encoder, columns, on_error, batches, directory) -> their BatchDones, in order
+# runner(encoder, columns, on_error, batches, directory, records) -> their BatchDones, in
+# order; with records, each task writes its batch's completion record (`resume.save_batch`)
 Runner = Callable[..., list]
 
 
@@ -180,9 +181,10 @@ def tokenize_batches(
     t0 = time.perf_counter()
     tmp = Path(directory)
 
-    def add(done: BatchDone, fresh: bool = True) -> None:
+    def add(done: BatchDone, fresh: bool = True, saved: bool = False) -> None:
         if records and fresh:
-            resume_.save_batch(tmp, done)
+            # an engine's task saved its record itself
+            resume_.fault_point(tmp) if saved else resume_.save_batch(tmp, done)
         result.batches_reused += not fresh
         result.lines += done.lines
         result.samples += done.samples
@@ -204,9 +206,9 @@ def tokenize_batches(
         result.engine = getattr(runner, "name", "engine")
         for chunk in _chunked(items, RUNNER_CHUNK):
             todo = [batch for batch, kept in chunk if kept is None]
-            ran = iter(runner(encoder, columns, on_error, todo, str(tmp)) if todo else [])
+            ran = iter(runner(encoder, columns, on_error, todo, str(tmp), records) if todo else [])
             for _, kept in chunk:
-                add(kept, False) if kept is not None else add(next(ran))
+                add(kept, False) if kept is not None else add(next(ran), saved=records)
         return result
     if n == 1:
         setup(encoder.spec, columns, on_error, encoder=encoder)
