@@ -191,8 +191,8 @@ def tokenize_table(
             f"its columns: {', '.join(table.column_names) or 'none'}"
         )
     table = table.select(present)
-    batches = list(_batches(table, first_row))
-    n = max(1, min(workers, len(batches)))
+    batches = _batches(table, first_row)  # cut as the workers take them
+    n = max(1, min(workers, -(-table.num_rows // BATCH_ROWS)))
     directory = Path(tempfile.mkdtemp(prefix="packer-raw-shards-"))
     try:
         result = tokenize_batches(batches, directory, raw.encoder, raw.columns, on_error, n)
