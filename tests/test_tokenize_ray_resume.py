@@ -139,3 +139,18 @@ def test_pack_raw_tokenizer_resumes_its_cache_entry(tokenizer, tmp_path):
     assert "1 batch kept from the killed run" in resumed.stderr
     assert digests(out, "shard-*") == digests(tmp_path / "whole", "shard-*")
     assert len(digests(out, "shard-*")) > 1
+
+
+def test_pack_raw_tokenizer_resume_without_a_block_run_is_refused_before_tokenizing(
+    tokenizer, tmp_path
+):
+    raw = write_raw(tmp_path / "raw.jsonl", 20, seed=4)
+    cache = tmp_path / "cache"
+    r = packer("pack", raw, "--tokenizer", tokenizer, "-L", "256", "-o", tmp_path / "out",
+               "--resume", env={"PACKER_CACHE_DIR": str(cache)})  # fmt: skip
+    assert r.returncode == 2
+    assert r.stderr == (
+        "error: --resume picks up block runs: pass --block-size or --engine ray (not with "
+        "--repack or --pairs)\n"
+    )
+    assert not cache.exists() and not (tmp_path / "out").exists()

@@ -152,6 +152,11 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
     tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
     resume = bool(params.get("resume"))
+    if resume and cfg.block_size is None and cfg.engine == "local":  # before any tokenizing
+        raise UsageError(
+            "--resume picks up block runs: pass --block-size or --engine ray (not with --repack "
+            "or --pairs)"
+        )
     if tokenizer is None:
         if chat_template is not None or train_on is not None:
             flag = "--chat-template" if chat_template is not None else "--train-on"
