@@ -11,6 +11,7 @@ from pathlib import Path
 from packer.errors import InputError, UsageError, count
 
 TRAIN_ON = ("assistant", "last", "all")
+ENGINES = ("local", "ray")
 ON_ERROR = ("error", "skip")
 RAW_KEYS = (
     "messages",
@@ -80,10 +81,17 @@ def summary(report: dict) -> str:
         return f"tokenized output reused from the cache: {report['output']}"
     rate = f", {report['tokens_per_second']:,} tokens/s" if report["tokens_per_second"] else ""
     rejected = f", {report['rejected']:,} rejected" if report["rejected"] else ""
+    where = f"{report['workers']} workers"
+    if report.get("engine", "local") != "local":
+        where = f"on {report['engine']} tasks"
+    if report.get("batches_reused"):
+        rejected += (
+            f", {count(report['batches_reused'], 'batch', 'batches')} kept from the killed run"
+        )
     return (
         f"tokenized {report['lines']:,} lines into {report['samples']:,} samples, "
         f"{report['tokens']:,} tokens ({report['trained_tokens']:,} trained){rejected} in "
-        f"{report['seconds']:.2f} s{rate}, {report['workers']} workers: {report['output']}"
+        f"{report['seconds']:.2f} s{rate}, {where}: {report['output']}"
     )
 
 
@@ -143,6 +151,12 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
 
     names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
     tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
+    resume = bool(params.get("resume"))
+    if resume and cfg.block_size is None and cfg.engine == "local":  # before any tokenizing
+        raise UsageError(
+            "--resume picks up block runs: pass --block-size or --engine ray (not with --repack "
+            "or --pairs)"
+        )
     if tokenizer is None:
         if chat_template is not None or train_on is not None:
             flag = "--chat-template" if chat_template is not None else "--train-on"
@@ -158,7 +172,7 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
     key = local_tokenizer_key(tokenizer, chat_template, train_on)
     skip = output if is_url(output) else Path(output)
-    with tokenize_progress(not json_out) as progress:
+    with tokenize_progress(not json_out) as progress, _runner(cfg, workers) as runner:
         result = tokenized_input(
             inputs,
             lambda: make_encoder(tokenizer, chat_template, train_on, False),
@@ -168,6 +182,8 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
             on_error=cfg.on_error,
             progress=progress,
             skip=skip,
+            resume=resume,
+            runner=runner,
         )
     if not json_out:
         say(summary(result.report()))
@@ -177,6 +193,36 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
                 f"{Path(result.output) / 'rejects.txt'}"
             )
     return RawPack([result.output], describe_source(result))
+
+
+def _runner(cfg, workers: int | None):
+    return engine_runner(cfg.engine, cfg.ray_address, workers)
+
+
+def engine_runner(engine: str | None, ray_address: str | None, workers: int | None):
+    """A context giving the tokenize runner of --engine: None (worker processes) for local;
+    with ray, the batches are tokenized as Ray tasks. Checks the flags at once."""
+    from packer import arguments as A
+
+    engine = A.choice(engine or "local", "engine", ENGINES)
+    if ray_address is not None and engine != "ray":
+        raise UsageError("--ray-address needs --engine ray")
+    return _engine_runner(engine, ray_address, workers)
+
+
+@contextmanager
+def _engine_runner(engine: str, ray_address: str | None, workers: int | None):
+    if engine == "local":
+        yield None
+        return
+    from packer.pipelines.tokenize_engine import EngineRunner
+    from packer.workers import available
+
+    runner = EngineRunner(engine, ray_address, workers or available())
+    try:
+        yield runner
+    finally:
+        runner.close()
 
 
 @contextmanager

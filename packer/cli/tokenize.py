@@ -21,11 +21,13 @@ from packer.cli.app import (
 )
 from packer.cli.raw import (
     COLUMN_HELP,
+    ENGINES,
     ON_ERROR,
     TEMPLATE_HELP,
     TOKENIZER_HELP,
     TRAIN_ON,
     TRAIN_ON_HELP,
+    engine_runner,
     make_encoder,
     raw_columns,
     say,
@@ -84,6 +86,26 @@ def tokenize(
     overwrite: bool = typer.Option(
         False, "--overwrite", help=f"Replace an existing tokenized output. {OFF}"
     ),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Pick up a killed run to the same output: keep every batch it finished, tokenize "
+        f"the rest; refused in one line when an input or an option changed. {OFF}",
+    ),
+    engine: Optional[str] = typer.Option(
+        None,
+        "--engine",
+        metavar=choices(ENGINES),
+        help="Where the batches are tokenized: local (worker processes) or ray (one Ray task "
+        "per batch, one tokenizer per Ray worker; the output must be on storage every node "
+        "sees). The output is the same. [default: local]",
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None,
+        "--ray-address",
+        help="With --engine ray: auto, host:port or ray://host:port joins that cluster. "
+        "[default: none: start a local Ray with --workers CPUs]",
+    ),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -94,9 +116,10 @@ def tokenize(
 
     with user_errors(debug):
         set_storage_options(storage_option)
+        runs_on = engine_runner(engine, ray_address, workers)
         encoder = make_encoder(tokenizer, chat_template, train_on, allow_empty_mask)
         columns = raw_columns(column)
-        with tokenize_progress(not json_out) as progress, sigterm_as_interrupt():
+        with tokenize_progress(not json_out) as progress, sigterm_as_interrupt(), runs_on as runner:
             result = run_tokenize(
                 inputs,
                 output,
@@ -107,6 +130,8 @@ def tokenize(
                 on_error=on_error or "error",
                 overwrite=overwrite,
                 progress=progress,
+                resume=resume,
+                runner=runner,
             )
         report = result.report()
         if json_out:

@@ -35,6 +35,15 @@ from packer.config import PackConfig
 from packer.errors import InputError, OptionError, SampleError, UsageError
 from packer.pipelines import hf_datasets
 from packer.pipelines.one_plan import plan_samples
+from packer.pipelines.raw_dataset import (
+    RawTokenizer,
+    add_raw_rejects,
+    check_token_options,
+    check_unused,
+    raw_tokenizer,
+    tokenize_stream,
+    tokenize_table,
+)
 from packer.pipelines.result import Stats, stats_of
 from packer.pipelines.warmup import start_warming
 from packer.planning.overlength import resolve
@@ -108,22 +117,31 @@ def _pack_raw(
     return packed, stats
 
 
-def _pack_held(data, labels, cfg, labels_column, workers, keep_in_memory, cache_file_name):
-    """(packed, stats) of a Dataset, a table or a sequence of token lists: one plan."""
+def _pack_held(
+    data, labels, cfg, labels_column, workers, keep_in_memory, cache_file_name, tokenized=None
+):
+    """(packed, stats) of a Dataset, a table or a sequence of token lists: one plan.
+    tokenized: the samples of raw rows (`raw_dataset.Tokenized`), packed instead of `data`'s."""
+    if tokenized is not None:
+        raw = RawTable(objects.check_columns(tokenized.table, DEFAULT_INPUT, DEFAULT_LABELS))
     if hf_datasets.is_dataset(data, "Dataset"):
         if labels is not None:
             raise UsageError("labels= is for token lists; a Dataset has a labels column")
-        raw = RawTable(hf_datasets.dataset_table(data, cfg.input_column, labels_column))
+        if tokenized is None:
+            raw = RawTable(hf_datasets.dataset_table(data, cfg.input_column, labels_column))
+        key = tokenized.fingerprint if tokenized is not None else None
         remote = is_url(cache_file_name) and parse_url(cache_file_name).protocol != "file"
         if remote:  # written locally (the result maps it), then uploaded whole
             local = stage_dir() / f"{os.getpid()}-{parse_url(cache_file_name).name}"
-            path = hf_datasets.cache_path(data, cfg, keep_in_memory, local)
+            path = hf_datasets.cache_path(data, cfg, keep_in_memory, local, key)
         else:
-            path = hf_datasets.cache_path(data, cfg, keep_in_memory, cache_file_name)
+            path = hf_datasets.cache_path(data, cfg, keep_in_memory, cache_file_name, key)
         table, stats = _pack_raw(raw, cfg, workers, path)
         if remote:
             upload_file(path, cache_file_name)
-        return hf_datasets.to_dataset(table, data, cfg), stats
+        return hf_datasets.to_dataset(table, data, cfg, key), stats
+    if tokenized is not None:
+        return _pack_raw(raw, cfg, workers)
     if isinstance(data, (pa.Table, pa.RecordBatch)):
         if labels is not None:
             raise UsageError("labels= is for token lists; a table has a labels column")
@@ -222,18 +240,24 @@ class _Stream:
             stats["rejects"] = self.rejects
 
 
-def _chunks(data, labels, cfg: PackConfig) -> Iterator[RawTable]:
-    """An iterable's samples as RawTables of up to `objects.READ_CHUNK` rows."""
+def _chunks(data, labels, cfg: PackConfig, raw=None, rejects=None) -> Iterator[RawTable]:
+    """An iterable's samples as RawTables of up to `objects.READ_CHUNK` rows; with `raw` (a
+    `RawTokenizer`), an IterableDataset's raw rows tokenized chunk by chunk."""
+    if raw is not None:
+        tables = hf_datasets.arrow_batches(data, objects.READ_CHUNK)
+        return objects.table_chunks(tokenize_stream(tables, raw, cfg.on_error, rejects), cfg)
     if hf_datasets.is_dataset(data, "IterableDataset"):
         return objects.table_chunks(hf_datasets.arrow_batches(data, objects.READ_CHUNK), cfg)
     return objects.list_chunks(data, labels, cfg)
 
 
-def _stream(data, labels, cfg: PackConfig, window: int, workers: int, stats: dict):
-    """Packed record batches of `data`, window by window; `stats` is complete at the end."""
+def _stream(data, labels, cfg: PackConfig, window: int, workers: int, stats: dict, encode=None):
+    """Packed record batches of `data`, window by window; `stats` is complete at the end.
+    encode: a `RawTokenizer` for an IterableDataset of raw rows."""
     stream = _Stream(cfg, workers)
     exhausted = False
-    chunks = _chunks(data, labels, cfg)
+    raw_rejects: list[str] = []
+    chunks = _chunks(data, labels, cfg, encode, raw_rejects)
     while not exhausted:
         raw = next(chunks, None)
         if raw is None:
@@ -250,6 +274,9 @@ def _stream(data, labels, cfg: PackConfig, window: int, workers: int, stats: dic
             )
             pending -= take
     stream.finish(stats)
+    if encode is not None:
+        encode.close()
+        add_raw_rejects(stats, raw_rejects, cfg)
 
 
 def _guarded(gen: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -279,6 +306,34 @@ def _check_arguments(data, labels, return_stats, keep_in_memory, cache_file_name
         )
 
 
+def _pack_raw_rows(data, cfg, labels, workers, keep_in_memory, cache_file_name, options, stats_):
+    """pack_dataset of raw rows: tokenized (`raw_dataset`), then packed as token data."""
+    check_token_options(cfg, labels)
+    if hf_datasets.is_dataset(data, "IterableDataset"):
+        if cfg.window is None:
+            cfg.window = DEFAULT_WINDOW
+        raw = RawTokenizer(*options)
+        stats: dict = {}
+        batches = _guarded(_stream(data, None, cfg, cfg.window, workers, stats, raw))
+        return (batches, stats) if stats_ else batches
+    if hf_datasets.is_dataset(data, "Dataset"):
+        table = hf_datasets.rows_table(data)
+    elif isinstance(data, (pa.Table, pa.RecordBatch)):
+        table = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+    else:
+        raise UsageError(
+            "with tokenizer=, data must be a datasets.Dataset, a datasets.IterableDataset or a "
+            f"pyarrow.Table of raw rows, got {type(data).__name__}"
+        )
+    with raw_tokenizer(*options) as raw:
+        tokenized = tokenize_table(table, raw, cfg.on_error, workers)
+    packed, stats = _pack_held(
+        data, None, cfg, DEFAULT_LABELS, workers, keep_in_memory, cache_file_name, tokenized
+    )
+    add_raw_rejects(stats, tokenized.rejects, cfg)
+    return (packed, stats) if stats_ else packed
+
+
 def pack_dataset(
     data,
     max_len: int,
@@ -298,8 +353,14 @@ def pack_dataset(
     return_stats: bool = False,
     keep_in_memory: bool = False,
     cache_file_name: str | os.PathLike | None = None,
+    tokenizer=None,
+    chat_template: str | os.PathLike | None = None,
+    train_on: str | None = None,
+    allow_empty_mask: bool = False,
+    raw_columns: dict[str, str] | None = None,
 ):
-    """Pack tokenized samples held in memory into rows of at most `max_len` tokens.
+    """Pack tokenized samples held in memory into rows of at most `max_len` tokens; with
+    `tokenizer`, raw chats and texts, tokenized first.
 
     data: a `datasets.Dataset` (returns a `Dataset`), a `pyarrow.Table` (returns a Table), a
     list/tuple of token sequences (Python lists or numpy arrays; returns a Table, `labels` an
@@ -325,6 +386,13 @@ def pack_dataset(
     written raises `packer.errors.OutputError` naming its path, and leaves no file behind.
     `return_stats=True` returns `(packed, stats)`, stats being the figures of
     `packer pack --json` (for an iterator they are filled in once it is exhausted).
+
+    tokenizer (a directory, hub name, transformers tokenizer or `packer.tokenize.Encoder`):
+    `data` holds raw rows (a Dataset, IterableDataset or table of chats, texts, prompt/
+    completion, ShareGPT or Alpaca columns), tokenized as `packer pack RAW --tokenizer` does,
+    to the same rows; chat_template (a file or its text), train_on, allow_empty_mask and
+    raw_columns (`{"messages": "dialog"}`) as its flags. A bad row is `row N` (its index);
+    `on_error="skip"` lists it in the stats' `raw_rejects` (`packer.pipelines.raw_dataset`).
     """
     with _value_errors():
         if isinstance(labels_column, str) and not labels_column:
@@ -345,6 +413,12 @@ def pack_dataset(
         workers = A.integer(workers, "workers", minimum=1, none=True)
         n_workers = workers_mod.configure(workers) if workers else workers_mod.current()
         _check_arguments(data, labels, return_stats, keep_in_memory, cache_file_name)
+        options = (tokenizer, chat_template, train_on, allow_empty_mask, raw_columns)
+        check_unused(*options)
+        if tokenizer is not None:
+            return _pack_raw_rows(
+                data, cfg, labels, n_workers, keep_in_memory, cache_file_name, options, return_stats
+            )
         if hf_datasets.is_dataset(data, "Dataset") or isinstance(
             data, (pa.Table, pa.RecordBatch, list, tuple, np.ndarray)
         ):

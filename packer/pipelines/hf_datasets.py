@@ -34,7 +34,12 @@ def is_dataset(data, name: str) -> bool:
 
 def dataset_table(ds, input_column: str, labels_column: str | None) -> pa.Table:
     """The Arrow table behind a `datasets.Dataset`, in its row order (select/shuffle honoured)."""
-    table = check_columns(ds.data.table, input_column, labels_column)
+    return rows_table(ds, check_columns(ds.data.table, input_column, labels_column))
+
+
+def rows_table(ds, table: pa.Table | None = None) -> pa.Table:
+    """`table` (all of the Dataset's columns by default) in the Dataset's row order."""
+    table = ds.data.table if table is None else table
     if ds._indices is not None:
         table = table.take(ds._indices.column(0))
     return table
@@ -45,16 +50,20 @@ def arrow_batches(ds, batch_size: int) -> Iterator[pa.Table]:
     yield from ds.with_format("arrow").iter(batch_size=batch_size)
 
 
-def fingerprint(source, cfg: PackConfig) -> str:
-    """The result's fingerprint: from the input's and the options (datasets would otherwise
-    hash every byte of an in-memory table)."""
+def fingerprint(source, cfg: PackConfig, encoder: str | None = None) -> str:
+    """The result's fingerprint: from the input's and the options, and the encoder's when raw
+    rows were tokenized (datasets would otherwise hash every byte of an in-memory table)."""
     digest = hashing.new("xxh3_128")
     key = {"input": source._fingerprint, "config": cfg.to_dict(), "packer": __version__}
+    if encoder is not None:
+        key["encoder"] = encoder
     digest.update(json.dumps(key, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
-def cache_path(ds, cfg: PackConfig, keep_in_memory: bool, cache_file_name) -> Path | None:
+def cache_path(
+    ds, cfg: PackConfig, keep_in_memory: bool, cache_file_name, encoder: str | None = None
+) -> Path | None:
     """Where the packed rows of `ds` are written, or None to pack them in memory: the choice
     `Dataset.map` makes for its result."""
     if cache_file_name is not None:
@@ -63,7 +72,7 @@ def cache_path(ds, cfg: PackConfig, keep_in_memory: bool, cache_file_name) -> Pa
         return None
     import datasets
 
-    name = f"{CACHE_PREFIX}{fingerprint(ds, cfg)}.arrow"
+    name = f"{CACHE_PREFIX}{fingerprint(ds, cfg, encoder)}.arrow"
     if datasets.is_caching_enabled():
         return Path(ds.cache_files[0]["filename"]).absolute().parent / name
     from datasets.fingerprint import get_temporary_cache_files_directory
@@ -71,14 +80,14 @@ def cache_path(ds, cfg: PackConfig, keep_in_memory: bool, cache_file_name) -> Pa
     return Path(get_temporary_cache_files_directory()) / name
 
 
-def to_dataset(table: pa.Table | Path, source, cfg: PackConfig):
+def to_dataset(table: pa.Table | Path, source, cfg: PackConfig, encoder: str | None = None):
     """A `datasets.Dataset` over the packed table (no copy) or the cache file it was written to
     (memory-mapped, as `Dataset.from_file` maps it), with the fingerprint of `fingerprint`."""
     import datasets
 
     if isinstance(table, Path):
         table = _mapped_table(table)
-    return datasets.Dataset(table, fingerprint=fingerprint(source, cfg))
+    return datasets.Dataset(table, fingerprint=fingerprint(source, cfg, encoder))
 
 
 def _mapped_table(path: Path):

@@ -85,13 +85,17 @@ def tokenized_input(
     progress=None,
     skip: Path | str | None = None,
     encoder_key: str | None = None,
+    resume: bool = False,
+    runner=None,
 ) -> TokenizeResult:
     """The cache entry for these raw inputs and this encoder, tokenized now if missing.
 
     encoder: an `Encoder`, or a function that builds one, called only when the entry is
     missing; then `encoder_key` (`local_tokenizer_key`) must identify it. `result.output` is the
     entry's directory (Parquet input for `packer pack`); `result.reused` says whether it was
-    there already. skip: the output being written (left out of inputs)."""
+    there already. skip: the output being written (left out of inputs). resume: a killed run's
+    finished batches of this entry are kept; runner: the batches run on an engine (both as
+    `tokenize` takes them)."""
     from packer.tokenize.records import RawColumns
 
     columns = columns if columns is not None else RawColumns()
@@ -122,6 +126,8 @@ def tokenized_input(
         memory_budget=memory_budget,
         on_error=on_error,
         progress=progress,
+        resume=resume,
+        runner=runner,
     )
 
 

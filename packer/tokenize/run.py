@@ -28,7 +28,9 @@ from packer.errors import UsageError, option
 from packer.interrupts import interrupt_once, raise_if_interrupted
 from packer.storage import display
 from packer.tokenize import output as out_dir
+from packer.tokenize import resume as resume_
 from packer.tokenize.files import BATCH_BYTES, BATCH_ROWS, RawFile, raw_inputs, read_batches
+from packer.tokenize.output import shard_name
 from packer.tokenize.worker import BatchDone, init_worker, setup, tokenize_batch
 from packer.workers import available
 from packer.workers import configure as configure_workers
@@ -37,7 +39,11 @@ ON_ERROR = ("error", "skip")
 WORKER_BYTES = 512 << 20  # a worker's tokenizer, one decoded batch and its shard, at most
 IN_FLIGHT = 2  # batches per worker queued or running
 SHOWN_REJECTS = 1000  # rejects listed in tokenized.json (rejects.txt lists all)
+RUNNER_CHUNK = 64  # batches handed to an engine at a time (at most 512 MiB of raw rows)
 Progress = Callable[[str, int, int, str], None]
+# runner(encoder, columns, on_error, batches, directory, records) -> their BatchDones, in
+# order; with records, each task writes its batch's completion record (`resume.save_batch`)
+Runner = Callable[..., list]
 
 
 @dataclass
@@ -52,8 +58,10 @@ class TokenizeResult:
     trained: int = 0
     rejected: int = 0
     workers: int = 1
+    engine: str = "local"  # "ray": the batches ran as tasks of that engine
     seconds: float = 0.0
     reused: bool = False  # a cached output, not tokenized by this run
+    batches_reused: int = 0  # batches a resumed run kept from the killed one
     rejects: list[str] = field(default_factory=list)
 
     def report(self) -> dict:
@@ -65,9 +73,11 @@ class TokenizeResult:
             "trained_tokens": self.trained,
             "rejected": self.rejected,
             "workers": self.workers,
+            "engine": self.engine,
             "seconds": round(self.seconds, 3),
             "tokens_per_second": round(self.tokens / self.seconds) if self.seconds else None,
             "reused": self.reused,
+            "batches_reused": self.batches_reused,
             "encoder": self.manifest.get("encoder"),
         }
 
@@ -84,6 +94,8 @@ def tokenize(
     overwrite: bool = False,
     progress: Progress | None = None,
     batch_rows: int = BATCH_ROWS,
+    resume: bool = False,
+    runner: Runner | None = None,
 ) -> TokenizeResult:
     """Tokenize raw records into `part-*.parquet` shards (`input_ids`, `labels`: list<int32>,
     labels -100 where nothing is trained) plus `tokenized.json`, under `output`.
@@ -92,6 +104,9 @@ def tokenize(
     columns: a `RawColumns` (default names when None). on_error: "error" stops at the first
     bad record and names it `FILE:LINE`; "skip" leaves bad records out and lists them in
     `rejects.txt`. memory_budget caps the workers (each takes up to ~512 MiB).
+    resume: a killed run to the same output keeps the batches it finished (refused in one line
+    when the inputs or options changed; `packer.tokenize.resume`). runner: the batches run as
+    an engine's tasks instead of this machine's worker processes (`--engine ray`).
     """
     from packer.tokenize.records import RawColumns
 
@@ -114,10 +129,12 @@ def tokenize(
         files = raw_inputs(inputs, skip=target)
     out_dir.check_target(target, overwrite)
     configure_workers(1 if n > 1 else None)  # the driver's own Arrow pools stay small
-    tmp = out_dir.start(target)
+    key = resume_.run_key(files, encoder.fingerprint, columns, on_error, [batch_rows, BATCH_BYTES])
+    tmp, _ = resume_.open_run(target, key, A.boolean(resume, "resume"))
     try:
         with interrupt_once():
-            result = _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows)
+            result = _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows, runner)
+            resume_.drop_records(tmp)
             manifest = _manifest(files, encoder, columns, on_error, result, tmp)
             placed = out_dir.finish(tmp, target, manifest, overwrite)
     except BaseException:
@@ -129,16 +146,46 @@ def tokenize(
     return result
 
 
-def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows) -> TokenizeResult:
-    result = TokenizeResult(output="", manifest={}, workers=n)
-    t0 = time.perf_counter()
+def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows, runner):
     columns_read = list(dict.fromkeys(_column_names(columns)))
 
     def batches():
         for index, raw in enumerate(files):
             yield from read_batches(raw, index, columns_read, batch_rows, BATCH_BYTES)
 
-    def add(done: BatchDone) -> None:
+    return tokenize_batches(
+        batches(), tmp, encoder, columns, on_error, n, progress, records=True, runner=runner
+    )
+
+
+def tokenize_batches(
+    batches: Iterable,
+    directory,
+    encoder,
+    columns,
+    on_error: str,
+    n: int,
+    progress=None,
+    *,
+    records: bool = False,
+    runner: Runner | None = None,
+) -> TokenizeResult:
+    """Tokenize `RawBatch`es into their shards in `directory` with `n` worker processes (in
+    this process when 1), or through `runner` (an engine's tasks): what `tokenize` does with a
+    file's batches, also for rows that come from elsewhere (`pack_dataset`'s 🤗 datasets).
+
+    records: each finished batch leaves a completion record, and a batch whose record and shard
+    are sound already (an adopted killed run's, `packer.tokenize.resume`) is kept, not run.
+    The counts come back, in batch order whatever ran where; nothing is placed."""
+    result = TokenizeResult(output="", manifest={}, workers=n)
+    t0 = time.perf_counter()
+    tmp = Path(directory)
+
+    def add(done: BatchDone, fresh: bool = True, saved: bool = False) -> None:
+        if records and fresh:
+            # an engine's task saved its record itself
+            resume_.fault_point(tmp) if saved else resume_.save_batch(tmp, done)
+        result.batches_reused += not fresh
         result.lines += done.lines
         result.samples += done.samples
         result.tokens += done.tokens
@@ -154,27 +201,61 @@ def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows) -> Tok
                 f"{result.lines:,} lines, {result.tokens / seconds:,.0f} tokens/s",
             )
 
+    items = _with_kept(batches, tmp) if records else ((b, None) for b in batches)
+    if runner is not None:
+        result.engine = getattr(runner, "name", "engine")
+        for chunk in _chunked(items, RUNNER_CHUNK):
+            todo = [batch for batch, kept in chunk if kept is None]
+            ran = iter(runner(encoder, columns, on_error, todo, str(tmp), records) if todo else [])
+            for _, kept in chunk:
+                add(kept, False) if kept is not None else add(next(ran), saved=records)
+        return result
     if n == 1:
         setup(encoder.spec, columns, on_error, encoder=encoder)
-        for batch in batches():
+        for batch, kept in items:
             raise_if_interrupted()
-            add(tokenize_batch(batch, str(tmp)))
+            add(kept, False) if kept is not None else add(tokenize_batch(batch, str(tmp)))
         return result
     with _worker_start(encoder) as (context, first):
         pool = context.Pool(n, initializer=init_worker, initargs=(first, columns, on_error))
     try:
-        pending: deque = deque()
-        for batch in batches():
-            pending.append(pool.apply_async(tokenize_batch, (batch, str(tmp))))
+        pending: deque = deque()  # a kept batch's result, or a running one's AsyncResult
+        for batch, kept in items:
+            pending.append(kept or pool.apply_async(tokenize_batch, (batch, str(tmp))))
             while len(pending) >= IN_FLIGHT * n:
-                add(_wait(pending.popleft()))
+                _add_next(pending, add)
         while pending:
-            add(_wait(pending.popleft()))
+            _add_next(pending, add)
         pool.close()
     finally:
         pool.terminate()  # stops the workers at once on an error or an interrupt
         pool.join()
     return result
+
+
+def _add_next(pending: deque, add) -> None:
+    item = pending.popleft()
+    add(item, False) if isinstance(item, BatchDone) else add(_wait(item))
+
+
+def _with_kept(batches: Iterable, tmp: Path) -> Iterator[tuple]:
+    """(batch, its kept result or None) for each batch."""
+    for batch in batches:
+        kept = resume_.kept_batch(tmp, shard_name(batch.file_index, batch.batch_index))
+        if kept is not None and kept.lines != len(batch.lines):
+            kept = None  # not the batch this run cut
+        yield batch, kept
+
+
+def _chunked(items: Iterator, size: int) -> Iterator[list]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 @contextmanager

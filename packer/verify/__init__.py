@@ -17,7 +17,7 @@ from packer import arguments as A
 from packer.contract.remote import local_copy
 from packer.errors import UsageError, option
 from packer.storage import display, is_url
-from packer.verify.memory import budget_bytes, check_budget
+from packer.verify.memory import budget_bytes, check_budget, return_freed_blocks
 from packer.verify.output_version import OutputVersion
 from packer.verify.result import CheckResult, Failure, VerificationFailed, VerifyResult
 
@@ -122,6 +122,7 @@ def verify(
         def run(path: Path, manifest: dict, source) -> dict:
             if chosen is not None:  # before any work: refuse a budget the rows cannot run in
                 check_budget(int(manifest["config"]["max_len"]), chosen[0], model_check, budget)
+                return_freed_blocks()
             return _run_checks(
                 path,
                 manifest,

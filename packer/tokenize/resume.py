@@ -1,0 +1,214 @@
+"""`resume`: a tokenize run killed part way keeps the batches it finished.
+
+A run writes its run record (`.done/run.json`: packer's version, the encoder's fingerprint,
+the raw columns, the error policy, the batch layout and every input's path, size and
+modification time) into its temporary output before the first batch, and the driver writes a
+completion record per batch (`.done/part-FFFFF-BBBBBB.json`) once the batch's shard is written:
+its counts, its rejects, and the shard's size and hash. Records are written to a private name
+and renamed, so a killed run leaves whole records or none.
+
+With `resume`, the newest temporary output of a dead run to the same output is adopted when its
+run record equals this run's (refused in one line naming what changed otherwise): renamed to
+this run's name, every batch whose record and shard are sound is kept and the others are
+tokenized again. The kept shards are the bytes the killed run wrote, and a batch's bytes do not
+depend on the run, so the output is an uninterrupted run's. `.done` is removed before the
+output is placed.
+
+The same layout as the block pipeline's `--resume` (`packer.pipelines.resume`), for the unit
+a tokenize run has: the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+
+from packer import hashing
+from packer.contract.names import TMP_MARK
+from packer.errors import OutputError, UsageError, option
+from packer.interrupts import begin_output
+from packer.storage.local import pid_alive
+from packer.tokenize import output as out_dir
+from packer.tokenize.worker import BatchDone
+
+RECORDS = ".done"
+RUN = "run.json"
+
+
+def run_key(files, encoder_fingerprint: str, columns, on_error: str, layout: list) -> dict:
+    """What a resumed run must share with the killed one."""
+    from packer.version import __version__
+
+    inputs = []
+    for f in files:
+        st = os.stat(f.path)
+        inputs.append(
+            {"path": os.path.realpath(f.path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        )
+    return {
+        "packer": __version__,
+        "format": out_dir.FORMAT,
+        "encoder": encoder_fingerprint,
+        "columns": asdict(columns),
+        "on_error": on_error,
+        "batch": layout,
+        "inputs": inputs,
+    }
+
+
+def open_run(target: Path, key: dict, resume: bool) -> tuple[Path, int]:
+    """(the temporary output of this run, how many batch records it holds): a dead run's,
+    adopted with `resume` when its run record is `key`'s, else a fresh one. The run record is
+    written before any batch."""
+    adopted = None
+    if resume:
+        begin_output()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        adopted = _adopt(target, key)
+    tmp = adopted if adopted is not None else out_dir.start(target)
+    if adopted is not None:
+        out_dir._remove_stale(target)  # other dead runs' leftovers
+    records = tmp / RECORDS
+    records.mkdir(exist_ok=True)
+    _write(records / RUN, key)
+    kept = sum(1 for p in records.glob("part-*.json"))
+    return tmp, kept
+
+
+def _adopt(target: Path, key: dict) -> Path | None:
+    for dead in _dead_runs(target):
+        old = _read(dead / RECORDS / RUN)
+        if old is None:
+            continue
+        what = _changed(old, key)
+        if what:
+            raise UsageError(
+                f"cannot resume: {what} since the killed run; rerun without "
+                f"{option('resume=True', '--resume')} to tokenize from the start",
+                where=str(target),
+            )
+        mine = target.parent / f".{target.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(dead, mine)
+        except FileNotFoundError:  # another run adopted it first
+            continue
+        except OSError as exc:
+            raise OutputError(
+                f"cannot take over the killed run's files: {exc.strerror or exc}",
+                where=str(target),
+            ) from None
+        return mine
+    return None
+
+
+def _dead_runs(target: Path) -> list[Path]:
+    """Temporary outputs of runs to `target` whose process is gone, newest first."""
+    prefix = f".{target.name}{TMP_MARK}"
+    try:
+        entries = list(target.parent.iterdir())
+    except FileNotFoundError:
+        return []
+    found = []
+    for entry in entries:
+        pid = entry.name[len(prefix) :].split("-", 1)[0] if entry.name.startswith(prefix) else ""
+        if pid.isdigit() and not pid_alive(int(pid)) and (entry / RECORDS / RUN).is_file():
+            found.append(entry)
+    return sorted(found, key=lambda p: (p / RECORDS / RUN).stat().st_mtime, reverse=True)
+
+
+def _changed(old: dict, new: dict) -> str | None:
+    """What differs between two run records, in words; None when alike."""
+    words = {
+        "packer": "packer's version changed",
+        "format": "packer's version changed",
+        "encoder": f"the tokenizer, template or {option('train_on', '--train-on')} changed",
+        "columns": f"{option('columns', '--column')} changed",
+        "on_error": f"{option('on_error')} changed",
+        "batch": "the batch size changed",
+    }
+    for field, what in words.items():
+        if old.get(field) != new[field]:
+            return what
+    old_inputs = old.get("inputs") or []
+    if [i.get("path") for i in old_inputs] != [i["path"] for i in new["inputs"]]:
+        return "the inputs changed"
+    for before, now in zip(old_inputs, new["inputs"]):
+        if before != now:
+            return f"the input {now['path']} changed"
+    return None
+
+
+def kept_batch(tmp: Path, shard: str) -> BatchDone | None:
+    """The batch's result from its record, when the record and its shard are sound."""
+    record = _read(tmp / RECORDS / shard.replace(".parquet", ".json"))
+    if record is None:
+        return None
+    try:
+        done = BatchDone(**record["done"])
+        entry = record["shard"]
+        if entry is not None:
+            path = tmp / entry["name"]
+            if path.stat().st_size != entry["bytes"]:
+                return None
+            if hashing.file_digest(path) != entry[hashing.DEFAULT]:
+                return None
+    except (KeyError, TypeError, OSError):
+        return None
+    return done
+
+
+def save_batch(tmp: Path, done: BatchDone, driver: bool = True) -> None:
+    """A finished batch's record, after its shard is written: by the driver, or by the engine
+    task that wrote the shard (`driver=False`), so that a driver killed while tasks run keeps
+    every batch finished by then."""
+    from packer.tokenize.output import shard_name
+
+    entry = None
+    if done.shard is not None:
+        path = tmp / done.shard
+        entry = {
+            "name": done.shard,
+            "bytes": path.stat().st_size,
+            hashing.DEFAULT: hashing.file_digest(path),
+        }
+    name = shard_name(done.file_index, done.batch_index).replace(".parquet", ".json")
+    _write(tmp / RECORDS / name, {"done": asdict(done), "shard": entry})
+    if driver:
+        fault_point(tmp)
+
+
+def drop_records(tmp: Path) -> None:
+    """The records are the run's, not the output's: removed before it is placed."""
+    shutil.rmtree(tmp / RECORDS, ignore_errors=True)
+
+
+def _write(path: Path, record: dict) -> None:
+    part = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.part"
+    with open(part, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(part, path)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def fault_point(tmp: Path) -> None:
+    """Fault injection for tests: with PACKER_FAULT_KILL_AT_TOKENIZED=N set, the driver kills
+    itself (SIGKILL) once N batch records are written, as it takes a finished batch."""
+    at = os.environ.get("PACKER_FAULT_KILL_AT_TOKENIZED")
+    if at and sum(1 for _ in (tmp / RECORDS).glob("part-*.json")) >= int(at):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

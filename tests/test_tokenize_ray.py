@@ -1,0 +1,132 @@
+"""`packer pack RAW --tokenizer --engine ray`: the raw batches are tokenized as Ray tasks on
+the session's multi-node test cluster (conftest's `cluster`), one tokenizer per worker process,
+into the shards and packed bytes of the local path; a killed driver is resumed with --resume.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_tokenize_ray_resume import ROWS, write_raw
+from tokenizers_util import PLAIN, build_tokenizer
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.xdist_group("ray")  # one cluster per test process: keep them together
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = ("--block-size", "64KiB")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> Path:
+    return build_tokenizer(tmp_path_factory.mktemp("tok") / "plain", PLAIN)
+
+
+def digests(directory: Path, pattern: str) -> dict[str, str]:
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.glob(pattern))
+    }
+
+
+def packer(*args, cache: Path, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(cache), **env}
+    cmd = [sys.executable, "-m", "packer", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_ray_tokenizes_to_the_local_shards_and_packed_bytes(
+    cli, cluster, tokenizer, tmp_path, monkeypatch
+):
+    raw = write_raw(tmp_path / "raw.jsonl", 2 * ROWS + 300, seed=5)
+    args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
+    local = packer(*args, "-o", tmp_path / "local", "--workers", "2", cache=tmp_path / "c1")
+    assert local.returncode == 0, local.stderr
+
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "c2"))
+    on_ray = cli(*args, "-o", tmp_path / "ray", "--engine", "ray", "--ray-address", cluster)
+    assert on_ray.exit_code == 0, on_ray.stderr
+    assert "on ray tasks" in on_ray.stderr
+    assert digests(tmp_path / "ray", "shard-*") == digests(tmp_path / "local", "shard-*")
+    tokenized = digests(tmp_path / "c2", "tokenized/*/part-*")
+    assert tokenized == digests(tmp_path / "c1", "tokenized/*/part-*") and len(tokenized) == 3
+
+
+def test_a_bad_record_on_a_ray_task_is_one_line_naming_file_and_line(
+    cli, cluster, tokenizer, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    raw = write_raw(tmp_path / "raw.jsonl", ROWS + 10, seed=6)
+    with raw.open("a") as fh:
+        fh.write(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    r = cli("pack", raw, "--tokenizer", tokenizer, "-L", "256", "-o", tmp_path / "out",
+            "--engine", "ray", "--ray-address", cluster)  # fmt: skip
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1].startswith(f"error: {raw}:{ROWS + 11}: ")
+    assert not (tmp_path / "out").exists()
+    assert [p for p in (tmp_path / "cache" / "tokenized").iterdir()] == []
+
+
+def _records(cache: Path) -> list[Path]:
+    return list(cache.glob("tokenized/.*.packer-tmp-*/.done/part-*.json"))
+
+
+def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, tmp_path):
+    """SIGKILL the driver while the batches run on Ray: each task recorded its batch once its
+    shard was written, --resume keeps exactly those and writes the local run's bytes."""
+    raw = write_raw(tmp_path / "raw.jsonl", 12 * ROWS, seed=7)
+    args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
+    local = packer(*args, "-o", tmp_path / "local", "--workers", "1", cache=tmp_path / "c1")
+    assert local.returncode == 0, local.stderr
+
+    cache = tmp_path / "c2"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(cache)}
+    on_ray = [*args, "-o", tmp_path / "out", "--engine", "ray", "--ray-address", cluster]
+    cmd = [sys.executable, "-m", "packer", *map(str, on_ray)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not _records(cache):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.02)
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    seen, still = -1, 0
+    while still < 3:  # Ray ends the dead driver's tasks; wait until no record appears
+        time.sleep(1)
+        count = len(_records(cache))
+        still, seen = (still + 1, seen) if count == seen else (0, count)
+    assert seen > 0 and not (tmp_path / "out").exists()
+
+    resumed = packer(*on_ray, "--resume", cache=cache)
+    assert resumed.returncode == 0, resumed.stderr
+    kept = "1 batch" if seen == 1 else f"{seen} batches"
+    assert f"{kept} kept from the killed run" in resumed.stderr, (seen, resumed.stderr)
+    assert digests(tmp_path / "out", "shard-*") == digests(tmp_path / "local", "shard-*")
+    entries = list((cache / "tokenized").iterdir())
+    assert len(entries) == 1 and not (entries[0] / ".done").exists()
+    parts = list(digests(entries[0], "part-*").values())
+    assert parts == list(digests(tmp_path / "c1", "tokenized/*/part-*").values())
+    assert len(parts) == 12
+
+
+def test_packer_tokenize_on_ray_writes_the_local_output(cli, cluster, tokenizer, tmp_path):
+    a = write_raw(tmp_path / "a.jsonl", ROWS + 5, seed=8)
+    b = write_raw(tmp_path / "b.jsonl", 40, seed=9)
+    args = ["tokenize", a, b, "--tokenizer", tokenizer, "--workers", "1"]
+    local = cli(*args, "-o", tmp_path / "local")
+    assert local.exit_code == 0, local.stderr
+    on_ray = cli(*args, "-o", tmp_path / "ray", "--engine", "ray", "--ray-address", cluster)
+    assert on_ray.exit_code == 0, on_ray.stderr
+    assert "on ray tasks" in on_ray.stderr
+    files = digests(tmp_path / "local", "*")
+    assert files == digests(tmp_path / "ray", "*") and len(files) == 4  # 3 shards, tokenized.json
