@@ -113,7 +113,6 @@ def test_existing_validation_output_refused_up_front(cli, sources, tmp_path):
         (["--validation-output", "x"], "--validation-output is where --validation-split"),
         (["--validation-split", "2", "--validation-output", "{out}/v"], "must be apart"),
         (["--validation-split", "2", "--validation-output", "{out}"], "must be apart"),
-        (["--validation-split", "0.1", "--export", "trl"], "cannot be used with --export"),
     ],
 )
 def test_bad_split_refused(cli, sources, tmp_path, extra, expected):
@@ -189,3 +188,23 @@ def test_per_dataset_columns_and_labels(cli, tmp_path):
     res = cli("pack", "-c", cfg, "-o", tmp_path / "never")
     assert res.exit_code == 2 and "labels_column" in res.output and "nope" in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+def test_export_writes_the_validation_output_too(cli, sources, tmp_path):
+    long, short = sources
+    out = tmp_path / "train"
+    args = ("--mix", f"{long}=1", "--mix", f"{short}=1", "--validation-split", "0.05")
+    res = pack(cli, out, *args, "--export", "megatron-bridge")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["export"]["output"] == str(tmp_path / "train-megatron-bridge")
+    held = tmp_path / "train-validation-megatron-bridge"
+    assert report["validation_export"]["output"] == str(held)
+    assert any(held.iterdir()) and any((tmp_path / "train-megatron-bridge").iterdir())
+    # refused up front when the validation export's destination exists
+    res = pack(cli, tmp_path / "again", *args, "--export", "trl")
+    assert res.exit_code == 0, res.output
+    (tmp_path / "third-validation-trl").mkdir()
+    res = pack(cli, tmp_path / "third", *args, "--export", "trl")
+    assert res.exit_code == 2 and "third-validation-trl" in res.output
+    assert not (tmp_path / "third").exists()

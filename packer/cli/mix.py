@@ -139,9 +139,27 @@ def mixture_args(
         kwargs["validation_output"] = split_output
     what = "--mix" if "mix" in kwargs else "--validation-split"
     for flag, given in (refused or {}).items():
-        if given and kwargs and (flag != "--export" or "validation_split" in kwargs):
+        if given and kwargs:
             raise UsageError(f"{what} cannot be used with {flag}")
     return list(inputs or []), kwargs
+
+
+def validation_export_target(export_to, mixing: dict, output: str, overwrite: bool):
+    """With --export and --validation-split: [("validation_export", the validation output,
+    where its export goes: VALIDATION_OUTPUT-FORMAT beside it)], refused up front if that
+    cannot be written; None otherwise."""
+    from pathlib import Path
+
+    if export_to is None or "validation_split" not in mixing:
+        return None
+    from packer.export import check_destination, check_outside
+
+    default = Path(output).with_name(f"{Path(output).name}-validation")
+    held = Path(mixing.get("validation_output") or default)
+    dest = held.with_name(f"{held.name}-{export_to}")
+    check_outside(dest, held, "--validation-output")
+    check_destination(dest, overwrite)
+    return [("validation_export", str(held), dest)]
 
 
 def mixture_table(mixture: dict):

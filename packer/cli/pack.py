@@ -28,6 +28,7 @@ from packer.cli.mix import (
     mixture_table,
     split_option,
     split_output_option,
+    validation_export_target,
 )
 from packer.cli.raw import (
     TEMPLATE_HELP,
@@ -321,11 +322,11 @@ def pack(
         )
         _check_export_config(export_to, cfg, memory_budget)
         _check_unused_flags(cfg, pad_id, on_error, repack)
-        refused = {"--tokenizer": tokenizer is not None, "--export": export_to is not None}
-        refused.update({"--resume": resume, "--repack": repack})
+        refused = {"--tokenizer": tokenizer is not None, "--resume": resume, "--repack": repack}
         inputs, mixing = mixture_args(
             inputs, mix, mix_tokens, validation_split, validation_output, cfg_mix(config), refused
         )
+        held_export = validation_export_target(export_to, mixing, output, overwrite)
         raw = tokenize_for_pack(inputs, output, cfg, repack, locals())  # None: no --tokenizer
         # with --repack, --memory-budget is the export's: a repack reads in memory
         memory_budget_pack = None if export_to is not None and repack else memory_budget
@@ -344,14 +345,18 @@ def pack(
             )
         report = result.report()
         if export_to is not None:
-            from packer.export import export
-
-            exported = export(
-                output, export_to, export_dest, overwrite=overwrite, memory_budget=memory_budget
-            )
-            report["export"] = exported.to_dict()
-            print_warnings(exported.warnings)
+            exports = [("export", output, export_dest)] + (held_export or [])
+            for key, packed, dest in exports:  # the validation output's too, beside it
+                exported = _export(packed, export_to, dest, overwrite, memory_budget)
+                report[key] = exported.to_dict()
+                print_warnings(exported.warnings)
         _print_report(report, result, cfg, export_to, json_out)
+
+
+def _export(packed, fmt: str, dest, overwrite: bool, memory_budget):
+    from packer.export import export
+
+    return export(packed, fmt, dest, overwrite=overwrite, memory_budget=memory_budget)
 
 
 def _print_report(report: dict, result, cfg, export_to: str | None, json_out: bool) -> None:
@@ -369,14 +374,15 @@ def _print_report(report: dict, result, cfg, export_to: str | None, json_out: bo
     note = split_note(report)
     if note is not None:
         stderr.print(note, highlight=False, markup=False, soft_wrap=True)
-    if export_to is not None:
-        done = report["export"]
-        stderr.print(
-            f"exported as {export_to} to {done['output']} in {done['seconds']:.2f} s",
-            highlight=False,
-            markup=False,
-            soft_wrap=True,
-        )
+    for key in ("export", "validation_export") if export_to is not None else ():
+        if key in report:
+            done = report[key]
+            stderr.print(
+                f"exported as {export_to} to {done['output']} in {done['seconds']:.2f} s",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
 
 
 def _check_unused_flags(cfg, pad_id, on_error, repack: bool) -> None:
