@@ -183,7 +183,6 @@ def test_config_datasets(cli, sources, tmp_path):
         (["--mix", "{long}=1", "--mix", "{long}=2"], "a file belongs to one source"),
         (["{long}", "--mix-tokens", "100"], "--mix-tokens sizes a mixture"),
         (["--mix", "{long}=1", "--mix-tokens", "0"], "--mix-tokens must be at least 1"),
-        (["--mix", "{long}=1", "--tokenizer", "x"], "--mix cannot be used with --tokenizer"),
     ],
 )
 def test_refused_in_one_line(cli, sources, tmp_path, extra, expected):

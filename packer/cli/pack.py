@@ -322,7 +322,7 @@ def pack(
         )
         _check_export_config(export_to, cfg, memory_budget)
         _check_unused_flags(cfg, pad_id, on_error, repack)
-        refused = {"--tokenizer": tokenizer is not None, "--resume": resume, "--repack": repack}
+        refused = {"--resume": resume, "--repack": repack}
         inputs, mixing = mixture_args(
             inputs, mix, mix_tokens, validation_split, validation_output, cfg_mix(config), refused
         )
@@ -341,7 +341,7 @@ def pack(
                 memory_budget=memory_budget_pack,
                 repack=repack,
                 resume=resume,
-                **mixing,
+                **(raw.mixing if raw is not None else mixing),
             )
         report = result.report()
         if export_to is not None:

@@ -137,20 +137,24 @@ def tokenize_progress(enabled: bool):
 
 @dataclass
 class RawPack:
-    """`pack RAW --tokenizer`: the tokenized cache entry pack reads instead of RAW."""
+    """`pack RAW --tokenizer`: the tokenized cache entries pack reads instead of RAW, and the
+    mixture options rewritten to name them."""
 
     inputs: list[str]
     source: dict
+    mixing: dict
 
 
 def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPack | None:
-    """Tokenize pack's raw INPUT through the cache (None without --tokenizer). params: the
-    pack command's parameters, of which this reads --tokenizer, --chat-template, --train-on,
-    --workers, --memory-budget and --json."""
+    """Tokenize pack's raw INPUT, or each raw source of --mix, through the cache (None without
+    --tokenizer). params: the pack command's parameters, of which this reads --tokenizer,
+    --chat-template, --train-on, --workers, --memory-budget, --json and the mixture options
+    (`mixing`)."""
     from packer.errors import UsageError
 
     names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
     tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
+    mixing = dict(params.get("mixing") or {})
     resume = bool(params.get("resume"))
     if resume and cfg.block_size is None and cfg.engine == "local":  # before any tokenizing
         raise UsageError(
@@ -166,11 +170,54 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
         flag = "--repack" if repack else "--pairs"
         raise UsageError(f"--tokenizer cannot be used with {flag}: INPUT would hold token ids")
     from packer import arguments as A
-    from packer.storage import is_url
-    from packer.tokenize.cache import describe_source, local_tokenizer_key, tokenized_input
+    from packer.tokenize.cache import describe_source, local_tokenizer_key
 
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
     key = local_tokenizer_key(tokenizer, chat_template, train_on)
+
+    def tokenized(raw_inputs):
+        return _tokenized(raw_inputs, output, cfg, {**params, "train_on": train_on}, key, resume)
+
+    if "mix" not in mixing:
+        result = tokenized(inputs)
+        return RawPack([result.output], describe_source(result), mixing)
+    results, pairs = [], []
+    for path, weight in _raw_mix(mixing["mix"]):
+        result = tokenized([path])
+        results.append(result)
+        pairs.append({"path": result.output, "weight": weight, "raw": path})
+    described = [describe_source(r) for r in results]
+    source = {
+        "encoder": described[0]["encoder"],
+        "sources": [{k: v for k, v in d.items() if k != "encoder"} for d in described],
+    }
+    return RawPack([], source, {**mixing, "mix": pairs})
+
+
+def _raw_mix(mix) -> list[tuple[str, float]]:
+    """The (path, weight) pairs of a raw mixture: a source's own input_column or
+    labels_column (datasets:) names token columns, which raw data does not have."""
+    pairs = []
+    for entry in mix:
+        if isinstance(entry, dict):
+            own = sorted(set(entry) - {"path", "weight"})
+            if own:
+                raise UsageError(
+                    f"datasets: {entry['path']} names {', '.join(own)}, columns of token ids; "
+                    "with --tokenizer the raw columns are found by name (--column KEY=NAME)"
+                )
+            entry = (entry["path"], entry.get("weight", 1))
+        pairs.append(tuple(entry))
+    return pairs
+
+
+def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool):
+    """One raw source tokenized through the cache, its summary said (not with --json)."""
+    from packer.storage import is_url
+    from packer.tokenize.cache import tokenized_input
+
+    names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
+    tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
     skip = output if is_url(output) else Path(output)
     with tokenize_progress(not json_out) as progress, _runner(cfg, workers) as runner:
         result = tokenized_input(
@@ -192,7 +239,7 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
                 f"note: {count(result.rejected, 'raw record')} left out, listed in "
                 f"{Path(result.output) / 'rejects.txt'}"
             )
-    return RawPack([result.output], describe_source(result))
+    return result
 
 
 def _runner(cfg, workers: int | None):

@@ -177,7 +177,8 @@ def describe_sources(sources: list[MixSource], files: list[list], bounds: np.nda
     and the range of global sample indices (`sample_index`) its samples have."""
     return [
         {
-            "path": s.paths[0] if len(s.paths) == 1 else list(s.paths),
+            "path": s.raw or (s.paths[0] if len(s.paths) == 1 else list(s.paths)),
+            **({"tokenized": s.paths[0]} if s.raw else {}),
             "files": [display(f) for f in part],
             "first_index": int(bounds[i]),
             "input_samples": int(bounds[i + 1] - bounds[i]),

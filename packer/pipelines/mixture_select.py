@@ -40,6 +40,7 @@ class MixSource:
     weight: float
     columns: dict = field(default_factory=dict)
     from_mix: bool = True  # named by `mix` (not the plain inputs of a split)
+    raw: str | None = None  # the raw data `paths` were tokenized from (`pack --tokenizer`)
 
     def read_columns(self, cfg: PackConfig) -> tuple[str, str | None]:
         """(input column, labels column or None) this source is read with."""
@@ -69,14 +70,15 @@ def mix_sources(mix, inputs: Sequence) -> list[MixSource]:
 
 def _source(entry, name: str) -> MixSource:
     """One entry of `mix`, checked."""
-    columns = {}
+    columns, raw = {}, None
     if isinstance(entry, Mapping):
-        extra = sorted(set(entry) - {"path", "weight", *COLUMN_KEYS})
+        extra = sorted(set(entry) - {"path", "weight", "raw", *COLUMN_KEYS})
         if extra or "path" not in entry:
             raise UsageError(
                 f"{name} entries take path, weight, input_column and labels_column, got {entry!r}"
             )
         columns = {k: entry[k] for k in COLUMN_KEYS if k in entry}
+        raw = entry.get("raw")
         entry = (entry["path"], entry.get("weight", 1))
     if not isinstance(entry, (tuple, list)) or len(entry) != 2:
         raise UsageError(f"{name} entries must be (path, weight) pairs, got {entry!r}")
@@ -92,7 +94,7 @@ def _source(entry, name: str) -> MixSource:
             key == "labels_column" and value is None
         ):
             raise UsageError(f"{name} {path}: {key} must be a column name, got {value!r}")
-    return MixSource((str(path),), float(weight), columns)
+    return MixSource((str(path),), float(weight), columns, raw=None if raw is None else str(raw))
 
 
 def expand_sources(sources: list[MixSource], stage: bool = True) -> list[list]:
