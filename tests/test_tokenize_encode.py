@@ -610,3 +610,41 @@ def test_the_direct_render_equals_transformers_renderer(toks, name):
     rows = [{"messages": CHAT}, {"messages": TOOL_CHAT if name == "tools" else CHAT[1:3]}]
     for row in rows:
         assert all((a == b).all() for a, b in zip(encode_one(fast, row), encode_one(slow, row)))
+
+
+def test_a_tokenizer_json_directory_loads_without_torch(toks, tmp_path):
+    """A bare tokenizer directory loads as PreTrainedTokenizerFast (no torch: ~3 CPU s per
+    worker); a model directory (config.json) goes through AutoTokenizer; the ids are the same."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    shutil.copytree(toks["plain"], model)
+    (model / "config.json").write_text("{}")
+    rows = [{"messages": CHAT}, {"text": "the oil"}, {"prompt": "what", "completion": " is"}]
+    code = (
+        "import json, sys\n"
+        "from packer.tokenize import Encoder, to_record\n"
+        "path, rows = json.loads(sys.stdin.read())\n"
+        "out = Encoder(path).encode_batch([to_record(r) for r in rows])\n"
+        "print(json.dumps(['torch' in sys.modules, [[i.tolist(), l.tolist()] for i, l in out]]))\n"
+    )
+    runs = {
+        name: json.loads(
+            subprocess.run(
+                [sys.executable, "-c", code],
+                input=json.dumps([str(path), rows]),
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        for name, path in (("bare", toks["plain"]), ("model", model))
+    }
+    assert runs["bare"][0] is False
+    assert runs["model"][0] is True  # the fallback: AutoTokenizer, as before
+    assert runs["bare"][1] == runs["model"][1]
+    expected = Encoder(toks["plain"]).encode_batch([to_record(r) for r in rows])
+    assert runs["bare"][1] == [[i.tolist(), lab.tolist()] for i, lab in expected]
