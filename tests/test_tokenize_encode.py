@@ -648,3 +648,36 @@ def test_a_tokenizer_json_directory_loads_without_torch(toks, tmp_path):
     assert runs["bare"][1] == runs["model"][1]
     expected = Encoder(toks["plain"]).encode_batch([to_record(r) for r in rows])
     assert runs["bare"][1] == [[i.tolist(), lab.tolist()] for i, lab in expected]
+
+
+@pytest.mark.parametrize("on_error", ["error", "skip"])
+def test_a_refused_template_names_the_file_and_line_through_the_cli(toks, tmp_path, on_error):
+    """A template refused inside a worker (it rewrites earlier turns) names the chat's FILE:LINE
+    like every other bad record: one line, exit 1, nothing written, whatever --on-error says."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rows = [{"text": "the oil"}, {"messages": chat_with_reasoning(1)}]
+    rows += [{"messages": chat_with_reasoning(2)}, {"text": "the water"}]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "PACKER_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["pack", raw, "--tokenizer", toks["reasoning"], "-L", 512, "-o", out]
+    args += ["--workers", 2, "--on-error", on_error]
+    done = subprocess.run(
+        [sys.executable, "-m", "packer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: {raw}:3: the chat template renders the turns before")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if ".packer-" in p.name]

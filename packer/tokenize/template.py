@@ -31,10 +31,17 @@ PROBE = "packer-probe-reply"
 class TemplateError(PackerError):
     """A chat template that cannot be used. At construction (a missing file, a syntax error,
     no end-of-turn token) the option is wrong: exit 2. While encoding (a template that rewrites
-    earlier turns), exit 1 and `index` names the chat in its batch."""
+    earlier turns), exit 1 and `index` names the chat in its batch (`where`: its FILE:LINE)."""
 
-    def __init__(self, message: str, *, index: int | None = None, usage: bool = False):
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        usage: bool = False,
+        where: str | None = None,
+    ):
+        super().__init__(message, where=where)
         self.index = index
         self.exit_code = EXIT_USAGE if usage else EXIT_FAILURE
 
