@@ -217,6 +217,35 @@ def trl_prepare(raw: Path, tokenizer: Path, workers: int, tmp: Path) -> tuple[fl
     return time.perf_counter() - t0, time.process_time() + _children_cpu() - c0
 
 
+def worker_start(tokenizer: Path, tmp: Path, repeat: int) -> dict[str, float]:
+    """Median CPU seconds for a spawned worker to start (interpreter, imports, its encoder from
+    the spec): with the bench's tokenizer directory, and with a copy that has a model
+    `config.json` (loaded through AutoTokenizer). A forked worker (Linux) has none of this."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT))
+    from packer.tokenize.encode import Encoder
+
+    model = tmp / "tok-model"
+    shutil.copytree(tokenizer, model)
+    (model / "config.json").write_text("{}")
+    code = (
+        "import json, sys\nfrom packer.tokenize.worker import setup\n"
+        "setup(json.loads(sys.stdin.read()), None, 'error')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    out = {}
+    for name, path in (("tokenizer.json directory", tokenizer), ("model directory", model)):
+        spec = json.dumps(Encoder(path).spec)
+        cpu = []
+        for _ in range(repeat):
+            c0 = _children_cpu()
+            subprocess.run([sys.executable, "-c", code], input=spec, text=True, env=env, check=True)
+            cpu.append(_children_cpu() - c0)
+        out[name] = median(cpu)
+    return out
+
+
 def peak_rss(cmd: list, env: dict) -> tuple[float, float]:
     """(wall seconds, peak RSS in bytes of the command and its children together)."""
     import psutil
@@ -339,6 +368,7 @@ def main() -> None:
         )
         same_bytes = digests(tmp / "p1-0") == digests(tmp / "p3")
         matched, chats = check_reference(tmp / "tok-out", by_line)
+        start = worker_start(tmp / "tok", tmp, args.repeat)
         memory = []
         if args.memory:
             memory = memory_rows(args.memory, workers, args.memory_budget, args.seed, tmp)
@@ -378,6 +408,11 @@ def main() -> None:
     print(
         f"reference: {matched:,}/{chats:,} chats' input_ids equal the baseline's; "
         f"two-step shards {'byte-identical' if same_bytes else 'DIFFER'}"
+    )
+    print(
+        "a spawned worker's start (imports, encoder): "
+        + ", ".join(f"{k} {v:.2f} CPU s" for k, v in start.items())
+        + "; forked workers (Linux) start with the driver's encoder"
     )
     if memory:
         print(f"\npeak RSS of raw -> packed, --memory-budget {args.memory_budget}, cold cache")
