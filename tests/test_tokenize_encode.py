@@ -615,6 +615,7 @@ def test_the_direct_render_equals_transformers_renderer(toks, name):
 def test_a_tokenizer_json_directory_loads_without_torch(toks, tmp_path):
     """A bare tokenizer directory loads as PreTrainedTokenizerFast (no torch: ~3 CPU s per
     worker); a model directory (config.json) goes through AutoTokenizer; the ids are the same."""
+    import importlib.util
     import json
     import shutil
     import subprocess
@@ -644,7 +645,8 @@ def test_a_tokenizer_json_directory_loads_without_torch(toks, tmp_path):
         for name, path in (("bare", toks["plain"]), ("model", model))
     }
     assert runs["bare"][0] is False
-    assert runs["model"][0] is True  # the fallback: AutoTokenizer, as before
+    if importlib.util.find_spec("torch") is not None:  # torch is optional
+        assert runs["model"][0] is True  # the fallback: AutoTokenizer, as before
     assert runs["bare"][1] == runs["model"][1]
     expected = Encoder(toks["plain"]).encode_batch([to_record(r) for r in rows])
     assert runs["bare"][1] == [[i.tolist(), lab.tolist()] for i, lab in expected]
