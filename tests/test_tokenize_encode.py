@@ -683,3 +683,21 @@ def test_a_refused_template_names_the_file_and_line_through_the_cli(toks, tmp_pa
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert not out.exists()
     assert not [p.name for p in tmp_path.iterdir() if ".packer-" in p.name]
+
+
+def test_a_render_that_ends_with_the_last_reply_trains_it_to_the_end(toks, tmp_path):
+    """The last reply's end is the render's end, where no token starts: the mask runs to the
+    last token (the lookup's fallback, not a token at that character)."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+        "{{- message['content'] + '<|im_end|>' }}{%- if not loop.last %}{{- '\\n' }}{%- endif %}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '\\n<|im_start|>assistant\\n' }}"
+        "{%- endif %}"
+    )
+    enc = Encoder(toks["bare"], chat_template=template)
+    ids, labels = encode_one(enc, {"messages": CHAT})
+    text = enc.tokenizer.decode(ids.tolist())
+    assert text.endswith(f"see: 2 + 2 = 4{EOT}")  # nothing after the last reply's end-of-turn
+    assert labels[-1] == ids[-1]
+    assert trained(enc, ids, labels) == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"
