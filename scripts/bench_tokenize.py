@@ -10,11 +10,22 @@ without generation tags (nothing is downloaded), then times, on the same lines:
   start-up included), and the issue's guard (<= 1.0x the baseline) and goal (0.6x on 2 cores);
 - again at L2: the same raw data packed at another L, from the cache (goal <= 0.5x the first).
 
+- TRL: the dataset preparation `SFTTrainer` runs (`SFTTrainer._prepare_dataset`, called
+  directly: it needs no model), `datasets.map` with caching off, `dataset_num_proc` = the
+  workers, assistant-only loss. TRL derives masks only from `{% generation %}` tags, so it gets
+  the same ChatML template with tags; its datasets are one per record kind (chats, texts,
+  pairs), as TRL takes them.
+
+Each is run `--repeat` times in turn (baseline, packer, TRL); the table gives the medians and
+the median of each run's ratio to the baseline run beside it. `--memory N1 N2` also packs
+N1 and N2 lines under `--memory-budget` and gives the peak RSS of the packer command and its
+workers together (sampled every 20 ms).
+
 It also checks every chat's input_ids against the baseline's tokens of the same render (an
 independent reference), and that `packer tokenize` + `packer pack` gives the same shard bytes.
 
     python scripts/bench_tokenize.py                # 20,000 lines, all cores
-    python scripts/bench_tokenize.py --lines 4000 --workers 2
+    python scripts/bench_tokenize.py --lines 4000 --workers 2 --memory 20000 80000
 """
 
 from __future__ import annotations
@@ -37,6 +48,12 @@ CHATML = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
     "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CHATML_TAGGED = (  # the same render, the replies and their <|im_end|> in generation tags
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] + '<|im_end|>' }}"
+    "{% endgeneration %}{{ '\\n' }}{% else %}{{ m['content'] + '<|im_end|>\\n' }}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 VOCAB = [
     "the",
@@ -164,6 +181,106 @@ def baseline(raw: Path, tokenizer: Path) -> tuple[tuple[float, float], dict[int,
     return seconds, {i: encoded[k] for i, k in chats.items()}
 
 
+def trl_prepare(raw: Path, tokenizer: Path, workers: int, tmp: Path) -> tuple[float, float]:
+    """TRL's SFT dataset preparation of the same lines: (wall seconds, CPU seconds of this
+    process and its map workers). The tokenizer is loaded before the clock starts."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset, disable_caching, disable_progress_bars
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    disable_caching()
+    disable_progress_bars()
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    tok.chat_template = CHATML_TAGGED
+    args = SFTConfig(
+        output_dir=str(tmp / "trl"),
+        assistant_only_loss=True,
+        dataset_num_proc=workers if workers > 1 else None,
+        max_length=None,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+    )
+    trainer = SimpleNamespace(_tokenizer=tok, chat_template=None, completion_only_loss=True)
+    t0, c0 = time.perf_counter(), time.process_time() + _children_cpu()
+    kinds: dict[str, list[dict]] = {"messages": [], "text": [], "prompt": []}
+    with open(raw, encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            kinds[next(k for k in kinds if k in row)].append(row)
+    for name, rows in kinds.items():
+        if rows:
+            data = Dataset.from_list(rows)
+            SFTTrainer._prepare_dataset(trainer, data, tok, args, False, None, name)
+    return time.perf_counter() - t0, time.process_time() + _children_cpu() - c0
+
+
+def worker_start(tokenizer: Path, tmp: Path, repeat: int) -> dict[str, float]:
+    """Median CPU seconds for a spawned worker to start (interpreter, imports, its encoder from
+    the spec): with the bench's tokenizer directory, and with a copy that has a model
+    `config.json` (loaded through AutoTokenizer). A forked worker (Linux) has none of this."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT))
+    from packer.tokenize.encode import Encoder
+
+    model = tmp / "tok-model"
+    shutil.copytree(tokenizer, model)
+    (model / "config.json").write_text("{}")
+    code = (
+        "import json, sys\nfrom packer.tokenize.worker import setup\n"
+        "setup(json.loads(sys.stdin.read()), None, 'error')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    out = {}
+    for name, path in (("tokenizer.json directory", tokenizer), ("model directory", model)):
+        spec = json.dumps(Encoder(path).spec)
+        cpu = []
+        for _ in range(repeat):
+            c0 = _children_cpu()
+            subprocess.run([sys.executable, "-c", code], input=spec, text=True, env=env, check=True)
+            cpu.append(_children_cpu() - c0)
+        out[name] = median(cpu)
+    return out
+
+
+def peak_rss(cmd: list, env: dict) -> tuple[float, float]:
+    """(wall seconds, peak RSS in bytes of the command and its children together)."""
+    import psutil
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    top, peak = psutil.Process(proc.pid), 0
+    while proc.poll() is None:
+        try:
+            procs = [top, *top.children(recursive=True)]
+            peak = max(peak, sum(p.memory_info().rss for p in procs))
+        except psutil.Error:
+            pass
+        time.sleep(0.02)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(map(str, cmd))} failed:\n{proc.stderr.read().decode()}")
+    return time.perf_counter() - t0, peak
+
+
+def memory_rows(sizes: list[int], workers: list, budget: str, seed: int, tmp: Path) -> list:
+    """Peak RSS of raw -> packed at each size (a fresh cache each), one tokenizer for all."""
+    rows = []
+    records = make_records(max(sizes), seed)
+    make_tokenizer(tmp / "mem-tok", records)
+    for n in sizes:
+        raw = tmp / f"mem-{n}.jsonl"
+        raw.write_text("".join(json.dumps(r) + "\n" for r in records[:n]))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(tmp / f"mc-{n}")}
+        cmd = [sys.executable, "-m", "packer", "pack", raw, "--tokenizer", tmp / "mem-tok"]
+        cmd += ["-o", tmp / f"mem-out-{n}", "-L", 4096, "--overlength", "split"]
+        cmd += ["--memory-budget", budget, *workers]
+        rows.append((n, *peak_rss(list(map(str, cmd)), env)))
+    return rows
+
+
 def packer(*args, env: dict) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the command and its workers)."""
     t0, c0 = time.perf_counter(), _children_cpu()
@@ -197,25 +314,44 @@ def check_reference(tokenized: Path, by_line: dict[int, list[int]]) -> tuple[int
     return same, len(by_line)
 
 
+def median(values) -> float:
+    return float(np.median(values))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lines", type=int, default=20_000)
     ap.add_argument("--workers", type=int, default=None, help="default: all available cores")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("-L", type=int, nargs=2, default=(4096, 8192), metavar=("L1", "L2"))
+    ap.add_argument("--repeat", type=int, default=3, help="runs of each, medians reported")
+    ap.add_argument("--no-trl", action="store_true", help="leave TRL's preparation out")
+    ap.add_argument("--memory", type=int, nargs=2, default=None, metavar=("N1", "N2"))
+    ap.add_argument("--memory-budget", default="1GiB")
     args = ap.parse_args()
+    cores = args.workers or len(os.sched_getaffinity(0))
+    runs: dict[str, list] = {"base": [], "first": [], "second": [], "trl": []}
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
         tmp = Path(tmp)
         records = make_records(args.lines, args.seed)
         raw = tmp / "raw.jsonl"
         raw.write_text("".join(json.dumps(r) + "\n" for r in records))
         make_tokenizer(tmp / "tok", records)
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(tmp / "cache")}
         workers = ["--workers", args.workers] if args.workers else []
-        base, by_line = baseline(raw, tmp / "tok")
         common = ("--tokenizer", tmp / "tok", "--overlength", "split", *workers)
-        first = packer("pack", raw, "-o", tmp / "p1", "-L", args.L[0], *common, env=env)
-        second = packer("pack", raw, "-o", tmp / "p2", "-L", args.L[1], *common, env=env)
+        for k in range(args.repeat):
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(tmp / f"c{k}")}
+            base, by_line = baseline(raw, tmp / "tok")
+            runs["base"].append(base)
+            out = [tmp / f"p1-{k}", tmp / f"p2-{k}"]
+            runs["first"].append(
+                packer("pack", raw, "-o", out[0], "-L", args.L[0], *common, env=env)
+            )
+            runs["second"].append(
+                packer("pack", raw, "-o", out[1], "-L", args.L[1], *common, env=env)
+            )
+            if not args.no_trl:
+                runs["trl"].append(trl_prepare(raw, tmp / "tok", cores, tmp))
         packer(
             "tokenize", raw, "--tokenizer", tmp / "tok", "-o", tmp / "tok-out", *workers, env=env
         )
@@ -230,32 +366,60 @@ def main() -> None:
             "split",
             env=env,
         )
-        same_bytes = digests(tmp / "p1") == digests(tmp / "p3")
+        same_bytes = digests(tmp / "p1-0") == digests(tmp / "p3")
         matched, chats = check_reference(tmp / "tok-out", by_line)
-    cores = args.workers or len(os.sched_getaffinity(0))
+        start = worker_start(tmp / "tok", tmp, args.repeat)
+        memory = []
+        if args.memory:
+            memory = memory_rows(args.memory, workers, args.memory_budget, args.seed, tmp)
     load = os.getloadavg()[0]
     print(
         f"{args.lines:,} lines ({chats:,} chats), {cores} workers, ChatML without generation tags"
     )
-    print(f"load average {load:.1f} on {os.cpu_count()} cores (CPU seconds are less noisy then)")
+    print(f"load average {load:.1f} on {os.cpu_count()} cores; medians of {args.repeat} runs")
     print("| run | wall s | vs baseline | CPU s | vs baseline |")
     print("|---|---:|---:|---:|---:|")
-    rows = [
-        ("baseline: 1 process renders + batch-tokenizes (tokenizer loaded)", base),
-        (f"packer pack RAW --tokenizer -L {args.L[0]} (cold cache, start-up included)", first),
-        (f"packer pack RAW --tokenizer -L {args.L[1]} (from the cache)", second),
-    ]
-    for name, (wall, cpu) in rows:
-        print(f"| {name} | {wall:.2f} | {wall / base[0]:.2f}x | {cpu:.2f} | {cpu / base[1]:.2f}x |")
+    names = {
+        "base": "baseline: 1 process renders + batch-tokenizes (tokenizer loaded)",
+        "first": f"packer pack RAW --tokenizer -L {args.L[0]} (cold cache, start-up included)",
+        "second": f"packer pack RAW --tokenizer -L {args.L[1]} (from the cache)",
+        "trl": f"TRL SFT preparation, datasets.map, {cores} procs (tokenizer loaded)",
+    }
+    ratio = {}
+    for key, name in names.items():
+        if not runs[key]:
+            continue
+        wall = [w / b[0] for (w, _), b in zip(runs[key], runs["base"])]
+        cpu = [c / b[1] for (_, c), b in zip(runs[key], runs["base"])]
+        ratio[key] = median(wall)
+        print(
+            f"| {name} | {median([w for w, _ in runs[key]]):.2f} | {median(wall):.2f}x "
+            f"| {median([c for _, c in runs[key]]):.2f} | {median(cpu):.2f}x |"
+        )
+    first, second = ratio["first"], ratio["second"]
     print(
-        f"guard 1.0x: {'met' if first[0] <= base[0] else 'MISSED'}; goal 0.6x: "
-        f"{'met' if first[0] <= 0.6 * base[0] else 'missed'}; cache goal 0.5x the first: "
-        f"{'met' if second[0] <= 0.5 * first[0] else 'missed'} ({second[0] / first[0]:.2f}x)"
+        f"guard 1.0x: {'met' if first <= 1.0 else 'MISSED'}; goal 0.6x: "
+        f"{'met' if first <= 0.6 else 'missed'}; cache goal 0.5x the first: "
+        f"{'met' if second <= 0.5 * first else 'missed'} ({second / first:.2f}x)"
     )
+    if "trl" in ratio:
+        speedup = ratio["trl"] / first
+        print(f"vs TRL: packer's raw -> packed is {speedup:.1f}x faster (goal >= 5x)")
     print(
         f"reference: {matched:,}/{chats:,} chats' input_ids equal the baseline's; "
         f"two-step shards {'byte-identical' if same_bytes else 'DIFFER'}"
     )
+    print(
+        "a spawned worker's start (imports, encoder): "
+        + ", ".join(f"{k} {v:.2f} CPU s" for k, v in start.items())
+        + "; forked workers (Linux) start with the driver's encoder"
+    )
+    if memory:
+        print(f"\npeak RSS of raw -> packed, --memory-budget {args.memory_budget}, cold cache")
+        print("| lines | wall s | peak RSS (command + workers) |")
+        print("|---:|---:|---:|")
+        for n, wall, rss in memory:
+            print(f"| {n:,} | {wall:.1f} | {rss / 2**20:,.0f} MiB |")
 
 
 if __name__ == "__main__":

@@ -610,3 +610,94 @@ def test_the_direct_render_equals_transformers_renderer(toks, name):
     rows = [{"messages": CHAT}, {"messages": TOOL_CHAT if name == "tools" else CHAT[1:3]}]
     for row in rows:
         assert all((a == b).all() for a, b in zip(encode_one(fast, row), encode_one(slow, row)))
+
+
+def test_a_tokenizer_json_directory_loads_without_torch(toks, tmp_path):
+    """A bare tokenizer directory loads as PreTrainedTokenizerFast (no torch: ~3 CPU s per
+    worker); a model directory (config.json) goes through AutoTokenizer; the ids are the same."""
+    import importlib.util
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    shutil.copytree(toks["plain"], model)
+    (model / "config.json").write_text("{}")
+    rows = [{"messages": CHAT}, {"text": "the oil"}, {"prompt": "what", "completion": " is"}]
+    code = (
+        "import json, sys\n"
+        "from packer.tokenize import Encoder, to_record\n"
+        "path, rows = json.loads(sys.stdin.read())\n"
+        "out = Encoder(path).encode_batch([to_record(r) for r in rows])\n"
+        "print(json.dumps(['torch' in sys.modules, [[i.tolist(), l.tolist()] for i, l in out]]))\n"
+    )
+    runs = {
+        name: json.loads(
+            subprocess.run(
+                [sys.executable, "-c", code],
+                input=json.dumps([str(path), rows]),
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
+        for name, path in (("bare", toks["plain"]), ("model", model))
+    }
+    assert runs["bare"][0] is False
+    if importlib.util.find_spec("torch") is not None:  # torch is optional
+        assert runs["model"][0] is True  # the fallback: AutoTokenizer, as before
+    assert runs["bare"][1] == runs["model"][1]
+    expected = Encoder(toks["plain"]).encode_batch([to_record(r) for r in rows])
+    assert runs["bare"][1] == [[i.tolist(), lab.tolist()] for i, lab in expected]
+
+
+@pytest.mark.parametrize("on_error", ["error", "skip"])
+def test_a_refused_template_names_the_file_and_line_through_the_cli(toks, tmp_path, on_error):
+    """A template refused inside a worker (it rewrites earlier turns) names the chat's FILE:LINE
+    like every other bad record: one line, exit 1, nothing written, whatever --on-error says."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    rows = [{"text": "the oil"}, {"messages": chat_with_reasoning(1)}]
+    rows += [{"messages": chat_with_reasoning(2)}, {"text": "the water"}]
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root, "PACKER_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["pack", raw, "--tokenizer", toks["reasoning"], "-L", 512, "-o", out]
+    args += ["--workers", 2, "--on-error", on_error]
+    done = subprocess.run(
+        [sys.executable, "-m", "packer", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith(f"error: {raw}:3: the chat template renders the turns before")
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if ".packer-" in p.name]
+
+
+def test_a_render_that_ends_with_the_last_reply_trains_it_to_the_end(toks, tmp_path):
+    """The last reply's end is the render's end, where no token starts: the mask runs to the
+    last token (the lookup's fallback, not a token at that character)."""
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+        "{{- message['content'] + '<|im_end|>' }}{%- if not loop.last %}{{- '\\n' }}{%- endif %}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '\\n<|im_start|>assistant\\n' }}"
+        "{%- endif %}"
+    )
+    enc = Encoder(toks["bare"], chat_template=template)
+    ids, labels = encode_one(enc, {"messages": CHAT})
+    text = enc.tokenizer.decode(ids.tolist())
+    assert text.endswith(f"see: 2 + 2 = 4{EOT}")  # nothing after the last reply's end-of-turn
+    assert labels[-1] == ids[-1]
+    assert trained(enc, ids, labels) == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"

@@ -36,7 +36,7 @@ def load_tokenizer(source: str):
     if not local.is_dir() and (local.exists() or source.startswith(LOCAL_PREFIXES)):
         raise TokenizerError(f"{name}: {source} is not a directory")
     try:
-        from transformers import AutoTokenizer
+        import transformers  # noqa: F401  (lazy: loads a tokenizer class only when used)
     except ImportError:
         raise TokenizerError(
             f"{name}: tokenizing needs transformers (pip install transformers)"
@@ -44,8 +44,14 @@ def load_tokenizer(source: str):
     unreachable = None if local.is_dir() else hub_unreachable()
     try:
         if local.is_dir():
-            tokenizer = AutoTokenizer.from_pretrained(local, local_files_only=True)
+            if generic_directory(local):
+                from transformers import PreTrainedTokenizerFast as loader
+            else:
+                from transformers import AutoTokenizer as loader
+            tokenizer = loader.from_pretrained(local, local_files_only=True)
         else:  # the hub's local cache only, where the hub cannot be reached
+            from transformers import AutoTokenizer
+
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=bool(unreachable))
     except Exception as e:  # OSError for a missing file or an unreachable hub, ValueError, ...
         if local.is_dir():
@@ -60,6 +66,29 @@ def load_tokenizer(source: str):
     if tokenizer.eos_token_id is None:
         raise TokenizerError(f"{name}: {source} has no eos_token, which ends every sample")
     return tokenizer
+
+
+GENERIC_CLASSES = (None, "PreTrainedTokenizerFast", "TokenizersBackend")
+
+
+def generic_directory(directory: Path) -> bool:
+    """Whether AutoTokenizer would load the directory as `PreTrainedTokenizerFast`: a
+    `tokenizer.json` with no model `config.json`, no custom code and a generic class. Such a
+    directory is loaded by that class directly, since `AutoTokenizer` reads model configs and
+    imports torch: about 3 CPU seconds in every worker process."""
+    if not (directory / "tokenizer.json").is_file() or (directory / "config.json").exists():
+        return False
+    try:
+        config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return True
+    except (OSError, ValueError):
+        return False  # AutoTokenizer says what is wrong with it
+    return (
+        isinstance(config, dict)
+        and "auto_map" not in config
+        and config.get("tokenizer_class") in GENERIC_CLASSES
+    )
 
 
 def hub_unreachable() -> str | None:

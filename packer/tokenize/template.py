@@ -31,10 +31,17 @@ PROBE = "packer-probe-reply"
 class TemplateError(PackerError):
     """A chat template that cannot be used. At construction (a missing file, a syntax error,
     no end-of-turn token) the option is wrong: exit 2. While encoding (a template that rewrites
-    earlier turns), exit 1 and `index` names the chat in its batch."""
+    earlier turns), exit 1 and `index` names the chat in its batch (`where`: its FILE:LINE)."""
 
-    def __init__(self, message: str, *, index: int | None = None, usage: bool = False):
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        usage: bool = False,
+        where: str | None = None,
+    ):
+        super().__init__(message, where=where)
         self.index = index
         self.exit_code = EXIT_USAGE if usage else EXIT_FAILURE
 
@@ -83,7 +90,7 @@ class ChatTemplate:
         prepared once (prefix rendering renders each chat several times)."""
         if self.compiled is None:
             return self.render(messages, tools, prompt)
-        return direct_render(self.compiled, messages, tools, prompt, self.variables, self.tagged)
+        return self.compiled(messages, tools, prompt, self.variables, self.tagged)
 
     def probe(self, content) -> str:
         chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": content}]
@@ -215,6 +222,8 @@ def plain_chat(messages) -> list[dict]:
 
 
 def plain(value):
+    if type(value) is str:  # most values: no copy to make
+        return value
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -222,18 +231,36 @@ def plain(value):
     return value
 
 
-def direct_render(compiled, messages, tools, prompt: bool, variables: dict, tagged: bool):
-    """(text, generation spans) from the compiled template, as `render_jinja_template` renders
-    and tracks them."""
-    kwargs = {"messages": messages, "tools": list(tools) if tools else None, "documents": None}
-    kwargs |= {"add_generation_prompt": prompt, **variables}
-    if not tagged:
-        return compiled.render(**kwargs), []
-    blocks, spans = [], []
-    with compiled.environment.activate_tracker(blocks, spans):
-        for block in compiled.generate(**kwargs):
-            blocks.append(block)
-    return "".join(blocks), spans
+class DirectRender:
+    """A compiled template called without jinja's per-call set-up: `Template.render` merges the
+    environment's globals (a ChainMap) into a new dict on every call, which cost as much as the
+    rendering itself (a chat is rendered once per prefix). The globals are flattened once; the
+    context, the rendering and the error handling are jinja's own."""
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+        self.environment = compiled.environment
+        self.globals = dict(compiled.globals)
+
+    def __call__(self, messages, tools, prompt: bool, variables: dict, tagged: bool):
+        """(text, generation spans), as `render_jinja_template` renders and tracks them."""
+        template, environment = self.compiled, self.environment
+        values = dict(self.globals)
+        values |= {"messages": messages, "tools": list(tools) if tools else None}
+        values |= {"documents": None, "add_generation_prompt": prompt, **variables}
+        context = environment.context_class(
+            environment, values, template.name, template.blocks, globals=self.globals
+        )
+        try:
+            if not tagged:
+                return environment.concat(template.root_render_func(context)), []
+            blocks, spans = [], []
+            with environment.activate_tracker(blocks, spans):
+                for block in template.root_render_func(context):
+                    blocks.append(block)
+            return "".join(blocks), spans
+        except Exception:
+            environment.handle_exception()  # jinja's: raises the error, with template lines
 
 
 def direct_template(text: str, render, variables: dict, tagged: bool):
@@ -243,7 +270,7 @@ def direct_template(text: str, render, variables: dict, tagged: bool):
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
-        compiled = _compile_jinja_template(text)
+        compiled = DirectRender(_compile_jinja_template(text))
         chat = [
             {"role": "system", "content": "s"},
             {"role": "user", "content": "u"},
@@ -252,7 +279,7 @@ def direct_template(text: str, render, variables: dict, tagged: bool):
             {"role": "assistant", "content": "b"},
         ]
         for prompt in (False, True):
-            direct = direct_render(compiled, plain_chat(chat), None, prompt, variables, tagged)
+            direct = compiled(plain_chat(chat), None, prompt, variables, tagged)
             slow = render(chat, None, prompt)
             if direct[0] != slow[0] or list(map(tuple, direct[1])) != list(map(tuple, slow[1])):
                 return None

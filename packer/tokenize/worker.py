@@ -8,6 +8,7 @@ runs in the driver's process with one worker.
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packer.errors import InputError
+from packer.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    InputError,
+    Terminated,
+)
 from packer.tokenize.files import RawBatch, decode_rows
 from packer.tokenize.output import shard_name
 
@@ -41,9 +48,14 @@ class BatchDone:
 def init_worker(encoder, columns, on_error: str) -> None:
     """Pool initializer: this process's encoder (its spec when spawned; a forked worker has its
     own copy already). Signals are the driver's to handle: it stops the workers itself (a
-    Ctrl-C in a terminal reaches the whole process group)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the driver's `terminate` ends the worker
+    Ctrl-C in a terminal reaches the whole process group). A forked worker starts with the
+    driver's handlers: a `terminate` that reaches it before they are reset (a run that failed
+    on its first batch while this worker started) ends it quietly, not with a traceback."""
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the driver's `terminate` ends the worker
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except KeyboardInterrupt as exc:  # the driver's handler, inherited by the fork
+        os._exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
     if isinstance(encoder, dict):
         setup(encoder, columns, on_error)
     else:
@@ -90,10 +102,18 @@ def _encode(encoder, records: list, places: list[int], batch: RawBatch, rejects,
     """The encoded records in order; a bad record stops the run, or with skip is left out and
     the rest are encoded again."""
     from packer.tokenize.records import RawRecordError
+    from packer.tokenize.template import TemplateError
 
     while records:
         try:
             return encoder.encode_batch(records)
+        except TemplateError as exc:  # the template is refused, whatever --on-error says
+            index = exc.index
+            if exc.where is not None or index is None or not 0 <= index < len(records):
+                raise
+            where = batch.where(places[index])
+            usage = exc.exit_code == EXIT_USAGE
+            raise TemplateError(exc.problem, usage=usage, where=where) from None
         except RawRecordError as exc:
             index = getattr(exc, "index", None)
             if index is None or not 0 <= index < len(records):
