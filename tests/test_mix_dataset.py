@@ -12,7 +12,7 @@ from conftest import make_samples, read_shards, to_table, write_jsonl
 import packer
 from packer import pack_dataset
 from packer.contract.schema import SCHEMA, SOURCE_COLUMN
-from packer.errors import OptionError
+from packer.errors import OptionError, SampleError
 
 COLUMNS = [f.name for f in SCHEMA] + [SOURCE_COLUMN]
 
@@ -120,3 +120,21 @@ def test_bad_mixtures_raise_one_option_error(kwargs, words):
 def test_data_with_mix_is_refused():
     with pytest.raises(OptionError, match="pass data=None with mix"):
         pack_dataset([[1, 2]], 512, mix=[([[1, 2]], 1)])
+
+
+def test_a_bad_sample_is_named_within_its_source():
+    with pytest.raises(SampleError) as err:
+        pack_dataset(None, 16, mix={"a": ([[1, 2]], 1), "b": ([[1, 2], [3, "x"]], 1)})
+    assert str(err.value).startswith("mix b, sample 1: 'input_ids'[1] is \"x\"")
+    with pytest.raises(SampleError, match="^mix source 1: the dataset is empty"):
+        pack_dataset(None, 16, mix=[([[1, 2]], 1), ([], 1)])
+
+
+def test_skipped_samples_name_their_source():
+    table, stats = pack_dataset(
+        None, 16, mix=[([[1, 2]], 1), ([[1, 2], []], 1)], on_error="skip", return_stats=True
+    )
+    assert [(r["source"], r["sample_index"]) for r in stats["rejects"]] == [(1, 2)]
+    assert [s["samples"] for s in stats["mixture"]["sources"]] == [1, 1]
+    (row,) = table.column(SOURCE_COLUMN).to_pylist()  # both samples in one row of 16
+    assert sorted(row) == [0, 1]

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from packer.config import PackConfig
 from packer.contract.schema import SOURCE_COLUMN
-from packer.errors import UsageError
+from packer.errors import InputError, UsageError
 from packer.pipelines import hf_datasets
 from packer.pipelines.mixture import mixture_report, validation_report
 from packer.pipelines.mixture_read import join_samples
@@ -127,8 +127,16 @@ def pack_mixture_tables(
     if mix_tokens is not None and mix is None:
         raise UsageError("mix_tokens sizes a mixture: pass mix")
     parts, counts = [], []
-    for name, held, _ in sources:
-        samples, n, _ = objects.table_samples(_raw(name, held, cfg), cfg)
+    for i, (name, held, _) in enumerate(sources):
+        try:
+            samples, n, rejects = objects.table_samples(_raw(name, held, cfg), cfg)
+        except InputError as exc:  # "sample N" counts within the source
+            if mix is None:
+                raise
+            where = f"mix {name}, {exc.where}" if exc.where else f"mix {name}"
+            raise InputError(exc.problem, where=where) from None
+        for record in rejects.records if rejects else []:
+            record["source"] = i
         parts.append(samples)
         counts.append(n)
     samples = join_samples(parts)
