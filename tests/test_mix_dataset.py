@@ -24,19 +24,20 @@ def two_sources():
     return short, long
 
 
-def packed_on_disk(tmp_path, sources, weights, **kwargs):
+def packed_on_disk(tmp_path, sources, weights, window=None, **kwargs):
     """(shards as one table, manifest) of `packer.pack(mix=...)` on the sources as JSONL."""
     mix = [
         (str(write_jsonl(tmp_path / f"s{i}.jsonl", s)), w)
         for i, (s, w) in enumerate(zip(sources, weights))
     ]
     out = tmp_path / "out"
-    packer.pack([], out, packer.PackConfig(max_len=1024, overlength="split"), mix=mix, **kwargs)
+    cfg = packer.PackConfig(max_len=1024, overlength="split", window=window)
+    packer.pack([], out, cfg, mix=mix, **kwargs)
     return read_shards(out), json.loads((out / "manifest.json").read_text())
 
 
-@pytest.mark.parametrize("mix_tokens", [None, 90_000])
-def test_same_rows_as_pack_on_files(tmp_path, mix_tokens):
+@pytest.mark.parametrize(("mix_tokens", "window"), [(None, None), (90_000, None), (None, 100)])
+def test_same_rows_as_pack_on_files(tmp_path, mix_tokens, window):
     short, long = two_sources()
     table, stats = pack_dataset(
         None,
@@ -44,9 +45,12 @@ def test_same_rows_as_pack_on_files(tmp_path, mix_tokens):
         overlength="split",
         mix=[(to_table(short), 0.5), (to_table(long), 0.5)],
         mix_tokens=mix_tokens,
+        window=window,
         return_stats=True,
     )
-    disk, manifest = packed_on_disk(tmp_path, [short, long], [0.5, 0.5], mix_tokens=mix_tokens)
+    disk, manifest = packed_on_disk(
+        tmp_path, [short, long], [0.5, 0.5], window=window, mix_tokens=mix_tokens
+    )
     assert table.select(COLUMNS).combine_chunks().equals(disk.select(COLUMNS).combine_chunks())
     got = stats["mixture"]["sources"]
     want = manifest["mixture"]["sources"]
