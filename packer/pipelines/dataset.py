@@ -34,6 +34,7 @@ from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS
 from packer.config import PackConfig
 from packer.errors import InputError, OptionError, SampleError, UsageError
 from packer.pipelines import hf_datasets
+from packer.pipelines.mixture_dataset import HELD, pack_mixture_tables
 from packer.pipelines.one_plan import plan_samples
 from packer.pipelines.raw_dataset import (
     RawTokenizer,
@@ -306,6 +307,11 @@ def _check_arguments(data, labels, return_stats, keep_in_memory, cache_file_name
         )
 
 
+def _held(data) -> bool:
+    """Whether `data` is held whole in memory (packed with one plan)."""
+    return hf_datasets.is_dataset(data, "Dataset") or isinstance(data, HELD)
+
+
 def _pack_raw_rows(data, cfg, labels, workers, keep_in_memory, cache_file_name, options, stats_):
     """pack_dataset of raw rows: tokenized (`raw_dataset`), then packed as token data."""
     check_token_options(cfg, labels)
@@ -358,6 +364,9 @@ def pack_dataset(
     train_on: str | None = None,
     allow_empty_mask: bool = False,
     raw_columns: dict[str, str] | None = None,
+    mix=None,
+    mix_tokens: int | None = None,
+    validation_split: float | int | None = None,
 ):
     """Pack tokenized samples held in memory into rows of at most `max_len` tokens; with
     `tokenizer`, raw chats and texts, tokenized first.
@@ -393,10 +402,11 @@ def pack_dataset(
     to the same rows; chat_template (a file or its text), train_on, allow_empty_mask and
     raw_columns (`{"messages": "dialog"}`) as its flags. A bad row is `row N` (its index);
     `on_error="skip"` lists it in the stats' `raw_rejects` (`packer.pipelines.raw_dataset`).
+    mix (`[(data, weight), ...]` or `{name: (data, weight)}`, with `data=None`), mix_tokens and
+    validation_split: a weighted mixture and a held-out split (`pipelines.mixture_dataset`).
     """
     with _value_errors():
-        if isinstance(labels_column, str) and not labels_column:
-            labels_column = None
+        labels_column = labels_column or None  # "" reads no labels, as None does
         cfg = PackConfig(
             max_len=max_len,
             strategy=strategy,
@@ -415,13 +425,14 @@ def pack_dataset(
         _check_arguments(data, labels, return_stats, keep_in_memory, cache_file_name)
         options = (tokenizer, chat_template, train_on, allow_empty_mask, raw_columns)
         check_unused(*options)
-        if tokenizer is not None:
+        if any(v is not None for v in (mix, mix_tokens, validation_split)):
+            args = (labels, tokenizer, cache_file_name, n_workers)
+            packed, stats = pack_mixture_tables(mix, data, cfg, mix_tokens, validation_split, *args)
+        elif tokenizer is not None:
             return _pack_raw_rows(
                 data, cfg, labels, n_workers, keep_in_memory, cache_file_name, options, return_stats
             )
-        if hf_datasets.is_dataset(data, "Dataset") or isinstance(
-            data, (pa.Table, pa.RecordBatch, list, tuple, np.ndarray)
-        ):
+        elif _held(data):
             packed, stats = _pack_held(
                 data, labels, cfg, labels_column, n_workers, keep_in_memory, cache_file_name
             )

@@ -90,6 +90,24 @@ def to_dataset(table: pa.Table | Path, source, cfg: PackConfig, encoder: str | N
     return datasets.Dataset(table, fingerprint=fingerprint(source, cfg, encoder))
 
 
+def mixed_dataset(table: pa.Table, key, cfg: PackConfig, split: str | None = None):
+    """An in-memory `datasets.Dataset` over a mixture's packed table (no copy), fingerprinted
+    from its sources' fingerprints, weights and the options (`key`, JSON-able)."""
+    import datasets
+
+    digest = hashing.new("xxh3_128")
+    whole = {"mixture": key, "split": split, "config": cfg.to_dict(), "packer": __version__}
+    digest.update(json.dumps(whole, sort_keys=True).encode())
+    return datasets.Dataset(table, fingerprint=digest.hexdigest()[:16])
+
+
+def mixed_dataset_dict(tables: dict[str, pa.Table], key, cfg: PackConfig):
+    """A `datasets.DatasetDict` of `mixed_dataset`s, one per split name."""
+    import datasets
+
+    return datasets.DatasetDict({k: mixed_dataset(t, key, cfg, k) for k, t in tables.items()})
+
+
 def _mapped_table(path: Path):
     """The cache file as a `MemoryMappedTable` (what `Dataset.from_file` returns), opened
     without reading its body.
