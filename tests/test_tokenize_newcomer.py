@@ -85,3 +85,29 @@ def test_every_python_block_of_the_page_imports_what_it_uses(tmp_path):
             capture_output=True, text=True,
         )  # fmt: skip
         assert done.returncode == 0, (i, done.stdout)
+
+
+def test_the_page_tokenizer_knows_every_word_of_the_page_data(tmp_path):
+    """The page's WordLevel tokenizer mapped every '?' and '.' to <unk> (punctuation was trained
+    only glued to JSON quotes), so `packer inspect` showed <unk> in every reply."""
+    text = (ROOT / "docs" / "tokenize.md").read_text()
+    build = next(
+        b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "save_pretrained" in b
+    )
+    check = """
+from transformers import AutoTokenizer
+t = AutoTokenizer.from_pretrained("tokenizer")
+unknown = 0
+for line in open("chats.jsonl"):
+    r = json.loads(line)
+    shown = t.apply_chat_template(r["messages"], tokenize=False) if "messages" in r else r["text"]
+    unknown += t(shown)["input_ids"].count(t.unk_token_id)
+print("unknown", unknown)
+"""
+    (tmp_path / "page.py").write_text(build + check)
+    done = subprocess.run(
+        [sys.executable, "page.py"], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "unknown 0"
