@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packer import arguments as A
 from packer import hashing
-from packer.errors import UsageError, option
+from packer.errors import InputError, UsageError, option
 from packer.interrupts import interrupt_once, raise_if_interrupted
 from packer.storage import display
 from packer.tokenize import output as out_dir
@@ -134,6 +134,8 @@ def tokenize(
     try:
         with interrupt_once():
             result = _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows, runner)
+            if not result.samples:
+                raise InputError(_nothing_tokenized(files, result))
             resume_.drop_records(tmp)
             manifest = _manifest(files, encoder, columns, on_error, result, tmp)
             placed = out_dir.finish(tmp, target, manifest, overwrite)
@@ -144,6 +146,20 @@ def tokenize(
     result.reused = not placed
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _nothing_tokenized(files: list[RawFile], result: TokenizeResult) -> str:
+    """Why a run has no sample: an output of none would look complete and fail only at pack."""
+    names = ", ".join(f.shown for f in files[:3]) + (
+        f" and {len(files) - 3} more" if len(files) > 3 else ""
+    )
+    if not result.rejected:
+        verb = "holds" if len(files) == 1 else "hold"
+        return f"the dataset is empty: {names or 'the inputs'} {verb} no records"
+    return (
+        f"the dataset is empty: all {result.rejected:,} records were rejected"
+        f" (the first: {result.rejects[0]})"
+    )
 
 
 def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows, runner):
