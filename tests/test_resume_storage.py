@@ -22,15 +22,15 @@ pytest.importorskip("moto")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals")
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCKS, TAILS = 87, 15  # of the inputs below, with ARGS
+BLOCKS, TAILS = 57, 10  # of the inputs below, with ARGS
 ARGS = ["-L", "256", "--overlength", "split", "--block-size", "8KiB", "--shard-rows", "20"]
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory) -> Path:
-    """Parquet (row groups of 40 rows) and JSONL files with labels: 87 blocks, 15 tail tasks."""
+    """Parquet (row groups of 40 rows) and JSONL files with labels: 57 blocks, 10 tail tasks."""
     d = tmp_path_factory.mktemp("inputs")
-    for i in range(3):
+    for i in range(2):
         pq.write_table(
             to_table(make_samples(300, seed=i, median=50)), d / f"p{i}.parquet", row_group_size=40
         )

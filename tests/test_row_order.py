@@ -316,24 +316,19 @@ def test_ray_writes_the_local_engines_shuffled_bytes(inputs, cluster, tmp_path):
 # verify, old and new formats, options
 
 
-def test_verify_passes_on_shuffled_outputs(inputs, tmp_path):
+def test_verify_passes_on_shuffled_outputs(inputs, tmp_path, cli, one_torch_thread):
     one = tmp_path / "one"
     assert pack_cli([SAMPLE], one, "-L", "2048", "--overlength", "split").returncode == 0
     blocks = tmp_path / "blocks"
     assert pack_cli([inputs], blocks, *BLOCK_ARGS).returncode == 0
     for out, source in ((one, SAMPLE), (blocks, inputs)):
-        r = subprocess.run(
-            [sys.executable, "-m", "packer", "verify", str(out), "-i", str(source)]
-            + ["--rows", "2", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert r.returncode == 0, r.stdout + r.stderr
+        # in this process: torch is imported once, not once per verify
+        r = cli("verify", out, "-i", source, "--rows", "2", "--json")
+        assert r.exit_code == 0, r.stdout + r.stderr
         assert json.loads(r.stdout)["ok"]
 
 
-def test_format_1_outputs_are_read_and_repack_in_their_order(tmp_path):
+def test_format_1_outputs_are_read_and_repack_in_their_order(tmp_path, cli, one_torch_thread):
     """An output written before the row order was an option (format 1, no row_order) is
     verified and inspected as before, and its manifest as --config packs its bytes again."""
     out = tmp_path / "old"
@@ -345,13 +340,8 @@ def test_format_1_outputs_are_read_and_repack_in_their_order(tmp_path):
     del manifest["config"]["row_order"]
     path.write_text(json.dumps(manifest, indent=2))
     for args in (["verify", out, "--rows", "1"], ["inspect", out, "--json"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "packer", *map(str, args)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert r.returncode == 0, r.stdout + r.stderr
+        r = cli(*args)  # in this process: torch is imported once
+        assert r.exit_code == 0, r.stdout + r.stderr
     again = tmp_path / "again"
     r = pack_cli([SAMPLE], again, "--config", path)
     assert r.returncode == 0, r.stderr
