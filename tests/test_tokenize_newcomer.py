@@ -111,3 +111,15 @@ print("unknown", unknown)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "unknown 0"
+
+
+def test_a_directory_without_a_tokenizer_is_named_in_one_line(tmp_path):
+    (tmp_path / "chats.jsonl").write_text(json.dumps(CHAT) + "\n")
+    (tmp_path / "model").mkdir()
+    res = packer("tokenize", "chats.jsonl", "--tokenizer", "model", "-o", "t", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr == (
+        "error: --tokenizer: model holds no tokenizer (no tokenizer.json or "
+        "tokenizer_config.json: a directory that save_pretrained wrote)\n"
+    )
+    assert not (tmp_path / "t").exists()

@@ -41,6 +41,13 @@ def load_tokenizer(source: str):
         raise TokenizerError(
             f"{name}: tokenizing needs transformers (pip install transformers)"
         ) from None
+    if local.is_dir() and not any(
+        (local / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")
+    ):
+        raise TokenizerError(
+            f"{name}: {source} holds no tokenizer (no tokenizer.json or tokenizer_config.json: "
+            "a directory that save_pretrained wrote)"
+        )
     unreachable = None if local.is_dir() else hub_unreachable()
     try:
         if local.is_dir():
