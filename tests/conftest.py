@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -176,9 +177,20 @@ def s3_server() -> str:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    server._server.handle_error = _server_error_to_real_stderr
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
+
+
+def _server_error_to_real_stderr(request, client_address) -> None:
+    """The server thread's report of a dropped connection (a client killed by a test) goes to
+    the process's own stderr: socketserver prints it to `sys.stderr`, which typer's runner has
+    replaced meanwhile in the same process, so it landed inside a CLI test's stderr."""
+    import traceback
+
+    print(f"moto server: error on a request from {client_address}", file=sys.__stderr__)
+    traceback.print_exc(file=sys.__stderr__)
 
 
 class S3:

@@ -324,7 +324,7 @@ def test_tokenizer_errors_are_one_line(tmp_path, monkeypatch):
     text = str(info.value)
     assert text.startswith("tokenizer: no-such-org/no-such-model is not a local directory and ")
     assert "\n" not in text and info.value.exit_code == 2
-    with pytest.raises(TokenizerError, match="cannot load"):
+    with pytest.raises(TokenizerError, match="holds no tokenizer"):
         Encoder(tmp_path)  # an empty directory
     with pytest.raises(UsageError, match="unknown train_on 'users'"):
         Encoder(tmp_path, train_on="users")
