@@ -38,6 +38,22 @@ from packer.workers import configure as configure_workers
 ON_ERROR = ("error", "skip")
 WORKER_BYTES = 512 << 20  # a worker's tokenizer, one decoded batch and its shard, at most
 IN_FLIGHT = 2  # batches per worker queued or running
+_forking_workers = False  # set while the pool forks: its children take the workers' signals
+
+
+def _worker_signals() -> None:
+    """In a forked worker, at once: SIGTERM ends it (the pool's `terminate`) and Ctrl-C is the
+    driver's. Otherwise the driver's handlers, inherited, raised in the worker's start-up
+    before its initializer ran and printed a traceback (a run that failed at once)."""
+    if _forking_workers:
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_worker_signals)
 SHOWN_REJECTS = 1000  # rejects listed in tokenized.json (rejects.txt lists all)
 RUNNER_CHUNK = 64  # batches handed to an engine at a time (at most 512 MiB of raw rows)
 Progress = Callable[[str, int, int, str], None]
@@ -285,12 +301,15 @@ def _worker_start(encoder) -> Iterator[tuple]:
     are spawned and rebuild the encoder from its spec, and so they are where this process runs
     other threads already (a notebook, a Ray driver, a test runner): a fork copies their locks
     held, and a worker that blocks on one never ends, not even on the pool's SIGTERM."""
+    global _forking_workers
     if sys.platform == "linux" and threading.active_count() == 1:
         saved = os.environ.get("TOKENIZERS_PARALLELISM")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        _forking_workers = True
         try:
             yield multiprocessing.get_context("fork"), encoder
         finally:
+            _forking_workers = False
             if saved is None:
                 os.environ.pop("TOKENIZERS_PARALLELISM", None)
             else:
