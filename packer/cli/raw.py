@@ -152,8 +152,7 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     (`mixing`)."""
     from packer.errors import UsageError
 
-    names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
-    tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
+    tokenizer, chat_template, train_on = map(params.get, ("tokenizer", "chat_template", "train_on"))
     mixing = dict(params.get("mixing") or {})
     resume = bool(params.get("resume"))
     if resume and cfg.block_size is None and cfg.engine == "local":  # before any tokenizing
