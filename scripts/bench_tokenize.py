@@ -268,11 +268,13 @@ def peak_rss(cmd: list, env: dict) -> tuple[float, float]:
 def memory_rows(sizes: list[int], workers: list, budget: str, seed: int, tmp: Path) -> list:
     """Peak RSS of raw -> packed at each size (a fresh cache each), one tokenizer for all."""
     rows = []
-    records = make_records(max(sizes), seed)
-    make_tokenizer(tmp / "mem-tok", records)
+    make_tokenizer(tmp / "mem-tok", make_records(min(max(sizes), 20_000), seed))
     for n in sizes:
         raw = tmp / f"mem-{n}.jsonl"
-        raw.write_text("".join(json.dumps(r) + "\n" for r in records[:n]))
+        with raw.open("w") as f:  # written in chunks: millions of records do not fit as objects
+            for start in range(0, n, 100_000):
+                chunk = make_records(min(100_000, n - start), seed + start)
+                f.write("".join(json.dumps(r) + "\n" for r in chunk))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(tmp / f"mc-{n}")}
         cmd = [sys.executable, "-m", "packer", "pack", raw, "--tokenizer", tmp / "mem-tok"]
         cmd += ["-o", tmp / f"mem-out-{n}", "-L", 4096, "--overlength", "split"]
