@@ -77,13 +77,16 @@ def pack_blocks(
     t0: float,
     resume_run: bool = False,
     remote=None,
+    mixture=None,
 ) -> PackResult:
     """Run the block pipeline on `engine` (opened by the caller); the atomic commit stays here.
 
     resume_run: adopt a dead run's temporary output and keep the tasks it finished
     (`packer.pipelines.resume`). remote: the output on a store (`packer.write.remote`): the
     tasks upload their files beside it and the driver builds only the manifest and the small
-    files in `out`, for `remote.commit` (`packer.pipelines.run_files`)."""
+    files in `out`, for `remote.commit` (`packer.pipelines.run_files`). mixture: a
+    `packer.pipelines.mixture_blocks.BlockMixture`: every block packs the samples the
+    mixture chose from it."""
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
     # the local engine runs the tasks here: their kernels load (or compile) in the background
@@ -104,6 +107,7 @@ def pack_blocks(
                 t0,
                 resume_run,
                 remote,
+                mixture,
             )
         finally:
             if warming is not None:
@@ -111,13 +115,13 @@ def pack_blocks(
 
 
 def _pack_blocks(
-    engine, files, out, cfg, overwrite, progress, workers, budget, t0, resume_run, remote
+    engine, files, out, cfg, overwrite, progress, workers, budget, t0, resume_run, remote, mixture
 ) -> PackResult:
     t = time.perf_counter()
     timings: dict[str, float] = {"engine_start": t - t0}
     scans, specs = _scan(engine, files, cfg, budget)
     timings["scan"] = time.perf_counter() - t
-    key = resume.run_key(cfg, scans)
+    key = resume.run_key(cfg, scans, mixture.key() if mixture is not None else None)
     if remote is None:
         tmp = resume.open_work(out, key, resume_run)
         place = LocalRun(str(tmp))
@@ -128,7 +132,16 @@ def _pack_blocks(
         place.start(key)
         t = time.perf_counter()
         worker_cpus = engine.task_workers(workers)
-        results, reused = _run_blocks(engine, specs, cfg, place, worker_cpus, budget, progress)
+        takes = None
+        if mixture is not None:  # the length pass, then one global choice
+            takes = mixture.choose(
+                engine, scans, specs, cfg, block_memory(specs, budget, cfg.max_len)
+            )
+            timings["lengths"] = time.perf_counter() - t
+            t = time.perf_counter()
+        results, reused = _run_blocks(
+            engine, specs, cfg, place, worker_cpus, budget, progress, takes, mixture
+        )
         timings["blocks"] = time.perf_counter() - t
         t = time.perf_counter()
         if progress:
@@ -139,7 +152,8 @@ def _pack_blocks(
         tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)
         if progress:
             progress("plan", 1, 1)
-        tail_entries, tails_reused = _run_tails(engine, tasks, cfg, place, worker_cpus)
+        bounds = mixture.bounds if mixture is not None else None
+        tail_entries, tails_reused = _run_tails(engine, tasks, cfg, place, worker_cpus, bounds)
         timings["tails"] = time.perf_counter() - t
         t = time.perf_counter()
         tail_shards = [e for es in tail_entries for e in es]
@@ -162,7 +176,8 @@ def _pack_blocks(
         sources = _sources_of(scans, specs, results, has_labels)
         if remote is not None:
             remote.on_store.update(s["file"] for s in shards)
-        _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite)
+        extra = mixture.manifest() if mixture is not None else {}
+        _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite, extra)
         timings["commit"] = time.perf_counter() - t
     seconds = [r.seconds for r in results]
     timings["block_task_median"] = float(np.median(seconds)) if seconds else 0.0
@@ -176,6 +191,7 @@ def _pack_blocks(
         engine=cfg.engine,
         tasks_reused=reused + tails_reused,
         tasks_run=len(specs) + len(tasks) - reused - tails_reused,
+        mixture=mixture.report if mixture is not None else None,
     )
 
 
@@ -210,14 +226,24 @@ def _discarded_on_failure(remote) -> Iterator[None]:
 
 
 def _run_blocks(
-    engine: Engine, specs, cfg: PackConfig, place, worker_cpus: int, budget: int, progress
+    engine: Engine,
+    specs,
+    cfg: PackConfig,
+    place,
+    worker_cpus: int,
+    budget: int,
+    progress,
+    takes=None,
+    mixture=None,
 ) -> tuple[list[BlockResult], int]:
     """Stage 2: one `pack_block` task per block without a sound completion record, reporting
-    the bytes read as blocks finish: (every block's result, how many were kept)."""
+    the bytes read as blocks finish: (every block's result, how many were kept). `takes`: a
+    mixture's choice from every block (a kept record must name the same)."""
     total_bytes = sum(s.nbytes for s in specs) or 1
     records = place.kept([block_task_name(s) for s in specs])
+    takes = takes if takes is not None else [None] * len(specs)
     results: list[BlockResult | None] = [
-        _kept_block(records.get(block_task_name(s)), s) for s in specs
+        _kept_block(records.get(block_task_name(s)), s, take) for s, take in zip(specs, takes)
     ]
     todo = [k for k, r in enumerate(results) if r is None]
     done = [sum(s.nbytes for s, r in zip(specs, results) if r is not None)]
@@ -229,9 +255,10 @@ def _run_blocks(
 
     if progress:
         progress("read", done[0], total_bytes)
+    cfgs = [mixture.block_cfg(s, cfg) if mixture is not None else cfg for s in specs]
     ran = engine.map(
         pack_block,
-        [(specs[k], cfg, place, worker_cpus) for k in todo],
+        [(specs[k], cfgs[k], place, worker_cpus, takes[k]) for k in todo],
         on_done=on_block,
         memory=block_memory(specs, budget, cfg.max_len),
     )
@@ -240,9 +267,11 @@ def _run_blocks(
     return results, len(specs) - len(todo)
 
 
-def _kept_block(record: dict | None, spec: BlockSpec) -> BlockResult | None:
+def _kept_block(record: dict | None, spec: BlockSpec, take=None) -> BlockResult | None:
     """A block's result from its completion record, or None when it must run."""
     if record is None or record.get("block") != spec.block or record.get("version") != __version__:
+        return None
+    if record.get("take") != (take.digest if take is not None else None):
         return None
     try:
         return decode_block(record)
@@ -250,7 +279,7 @@ def _kept_block(record: dict | None, spec: BlockSpec) -> BlockResult | None:
         return None
 
 
-def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int):
+def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int, bounds=None):
     """Stage 3: one `write_tail` task per tail shard without a sound completion record:
     (every task's shard entries, how many were kept)."""
     entries: list[list[dict] | None] = []
@@ -260,14 +289,15 @@ def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int):
         keep = record is not None and record.get("key") == task_key(task)
         entries.append(record["shards"] if keep else None)
     todo = [k for k, e in enumerate(entries) if e is None]
-    ran = engine.map(write_tail, [(tasks[k], cfg, place, worker_cpus) for k in todo])
+    ran = engine.map(write_tail, [(tasks[k], cfg, place, worker_cpus, bounds) for k in todo])
     for k, e in zip(todo, ran):
         entries[k] = e
     return entries, len(tasks) - len(todo)
 
 
-def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite):
-    """rejects.jsonl, split_labels.jsonl and the manifest, then the atomic commit."""
+def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite, extra):
+    """rejects.jsonl, split_labels.jsonl and the manifest (with `extra`'s entries), then the
+    atomic commit."""
     entry = None
     if cfg.on_error == "skip":
         entry = write_rejects(
@@ -285,6 +315,7 @@ def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects,
         entry,
         split_labels=split_labels,
     )
+    manifest.update(extra)
     # every shard was flushed by `write_shards` before its task's completion record was
     # written (a kept record: by the killed run's task): the commit flushes the rest
     output.finish(tmp, out, manifest, overwrite, synced=[s["file"] for s in shards])

@@ -1,0 +1,196 @@
+"""A mixture on a block run: one global mixture chosen from every block's lengths.
+
+The sources' files are cut into blocks as in any block run (source 0's files first, so
+`sample_index` numbers the inputs as the one-plan mixture does). A length pass, one
+`block_lengths` task per block on the run's engine, sends back the length of every kept sample
+as it will be packed (4 bytes a sample, never tokens). The driver joins them per source and
+chooses with the one-plan mixture's own core (`mixture_select.choose_samples`), so the shares
+and the per-source report are the ones a one-plan run of the same sources reports, on any
+engine and with any number of workers. Every block then packs its take list: the positions
+it gives, in selection order, repeats included (`block_task.BlockTake`), and its shards name
+each segment's source (`sample_source`). A take list is hashed into the block's completion
+record, and the mixture into the run record, so `resume` keeps a block only for the same
+choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from packer import hashing
+from packer.config import PackConfig
+from packer.pipelines.block_task import BlockTake
+from packer.pipelines.mixture import describe_sources, mixture_report
+from packer.pipelines.mixture_select import MixSource, MixturePlan, choose_samples, packed_lengths
+from packer.read.blocks import BlockSpec, block_samples
+from packer.read.samples import Rejects
+from packer.storage.options import carried, carry_in
+
+DROPPED = -1  # the length pass's mark of a sample `overlength` drop leaves out
+
+
+def block_lengths(settings: dict, spec: BlockSpec, cfg: PackConfig) -> np.ndarray:
+    """The length pass for one block: int32 per kept sample (rejected ones are not there), its
+    length as packed (after `overlength`), or `DROPPED`."""
+    carry_in(settings)
+    rejects = Rejects() if cfg.on_error == "skip" else None
+    samples, _ = block_samples(spec, cfg, rejects)
+    if samples is None:
+        return np.zeros(0, np.int32)
+    keep, lengths, _ = packed_lengths(samples, 0, samples.num_samples, cfg)
+    out = np.full(samples.num_samples, DROPPED, np.int32)
+    out[keep] = lengths
+    return out
+
+
+@dataclass
+class BlockMixture:
+    """A mixture (or a validation split's training side) run on blocks: the sources, the
+    files of each (in the run's input order), and what was chosen once `choose` ran."""
+
+    sources: list[MixSource]
+    files: list[list]
+    mix_tokens: int | None
+    split: float | int | None
+    validation: dict | None = None  # the training manifest's `mixture.validation`
+    bounds: np.ndarray | None = None
+    planned: MixturePlan | None = None
+    report: dict | None = None
+    _source_of_file: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._source_of_file = [i for i, part in enumerate(self.files) for _ in part]
+
+    def key(self) -> dict:
+        """The mixture as the run record holds it: a resume with other sources, weights,
+        size or split is refused, naming the option."""
+        mix = [[list(s.paths), s.weight, dict(s.columns)] for s in self.sources]
+        return {"mix": mix, "mix_tokens": self.mix_tokens, "validation_split": self.split}
+
+    def block_cfg(self, spec: BlockSpec, cfg: PackConfig) -> PackConfig:
+        """The configuration a block is read with: its source's own columns, if any."""
+        columns = self.sources[self._source_of_file[spec.file]].columns
+        return replace(cfg, **columns) if columns else cfg
+
+    def choose(self, engine, scans, specs: list[BlockSpec], cfg: PackConfig, memory: int):
+        """The length pass on `engine`, the global choice, and every block's `BlockTake`."""
+        settings = carried()
+        lengths = engine.map(
+            block_lengths,
+            [(settings, s, self.block_cfg(s, cfg)) for s in specs],
+            memory=memory,
+        )
+        per_file = [sum(b.rows for b in scan.blocks) for scan in scans]
+        counts, k = [], 0
+        for part in self.files:
+            counts.append(sum(per_file[k : k + len(part)]))
+            k += len(part)
+        self.bounds = np.cumsum([0, *counts], dtype=np.int64)
+        starts = np.zeros(len(specs) + 1, np.int64)
+        np.cumsum([a.size for a in lengths], out=starts[1:])
+        kept: list[list[np.ndarray]] = [[] for _ in self.sources]
+        packed: list[list[np.ndarray]] = [[] for _ in self.sources]
+        dropped = 0
+        for b, (spec, a) in enumerate(zip(specs, lengths)):
+            s = self._source_of_file[spec.file]
+            ok = np.flatnonzero(a != DROPPED)
+            kept[s].append(starts[b] + ok)
+            packed[s].append(a[ok].astype(np.int64))
+            dropped += a.size - ok.size
+        weights = [s.weight for s in self.sources]
+        self.planned = choose_samples(
+            [_joined(k) for k in kept],
+            [_joined(p) for p in packed],
+            dropped,
+            weights,
+            cfg,
+            self.mix_tokens,
+            self.split,
+        )
+        described = describe_sources(self.sources, self.files, self.bounds)
+        self.report = mixture_report(self.planned, described, cfg, self.split, self.mix_tokens)
+        if self.validation is not None:
+            self.report["validation"] = self.validation
+        return takes_of(self.planned.train.positions, starts, self.bounds)
+
+    def manifest(self) -> dict:
+        """What the block run's manifest adds: the `mixture` and the shards' columns."""
+        from packer.write.shards import SHARDS
+        from packer.write.source_column import with_source_column
+
+        schema = with_source_column(SHARDS, self.bounds).schema
+        return {"columns": {f.name: str(f.type) for f in schema}, "mixture": self.report}
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def takes_of(positions: np.ndarray, starts: np.ndarray, bounds: np.ndarray) -> list[BlockTake]:
+    """Every block's take list from the selection's positions (numbered over the blocks' kept
+    samples, `starts` the first of each block), each block's in selection order."""
+    block = np.searchsorted(starts, positions, side="right") - 1
+    order = np.argsort(block, kind="stable")
+    cuts = np.searchsorted(block[order], np.arange(starts.size))
+    takes = []
+    for b in range(starts.size - 1):
+        mine = order[cuts[b] : cuts[b + 1]]
+        local = np.ascontiguousarray(positions[mine] - starts[b], np.int64)
+        digest = hashing.new("xxh3_128")
+        digest.update(local.tobytes())
+        digest.update(b"|")
+        digest.update(np.ascontiguousarray(bounds, np.int64).tobytes())
+        takes.append(BlockTake(local, bounds, digest.hexdigest()))
+    return takes
+
+
+def pack_mixture_blocks(
+    inputs: list,
+    out,
+    cfg: PackConfig,
+    *,
+    mix,
+    mix_tokens,
+    validation_split,
+    overwrite: bool,
+    progress,
+    workers: int,
+    memory_budget,
+    resume: bool,
+    t0: float,
+):
+    """`pack(mix=..., block_size=...)` or on Ray: the block pipeline packing one global
+    mixture (`BlockMixture`); committed atomically like any block run."""
+    import time
+
+    from packer.arguments import parse_size
+    from packer.engines import open_engine
+    from packer.pipelines.blocks import pack_blocks
+    from packer.pipelines.mixture_read import check_source_columns
+    from packer.pipelines.mixture_select import expand_sources, mix_sources
+    from packer.read.cache import default_budget
+
+    sources = mix_sources(mix, inputs)
+    files = expand_sources(sources, stage=False)  # a block task reads its block in place
+    check_source_columns(sources, files, cfg)
+    mixture = BlockMixture(sources, files, mix_tokens, validation_split)
+    budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
+    flat = [f for part in files for f in part]
+    with open_engine(cfg.engine, cfg.ray_address, workers) as engine:
+        result = pack_blocks(
+            engine,
+            flat,
+            out,
+            cfg,
+            overwrite=overwrite,
+            progress=progress,
+            workers=workers,
+            budget=budget,
+            t0=t0,
+            resume_run=resume,
+            mixture=mixture,
+        )
+    result.seconds = time.perf_counter() - t0
+    return result
