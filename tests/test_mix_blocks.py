@@ -1,0 +1,206 @@
+"""`packer pack --mix` on block runs: one global mixture planned from every block's lengths.
+
+The bar of issue 36 on a block run (shares recomputed from the rows, the scarce source whole
+and once, two epochs at twice the tokens), the manifest's `mixture` equal to a one-plan run's,
+`verify` on the output, the same bytes on Ray and after a killed run is resumed, and a resume
+after a weight changed refused in one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from conftest import make_samples, read_shards, to_table
+
+from packer.contract.names import TMP_MARK
+
+MAX_LEN = "1024"
+BLOCK = "64KiB"  # 17 blocks: one or two Parquet row groups (100 samples each)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> tuple[Path, Path]:
+    """Two directories: long samples (median 240, ~3.5x the tokens) and short ones (median 60),
+    two Parquet files each, row groups of 100 samples."""
+    d = tmp_path_factory.mktemp("sources")
+    long, short = d / "long", d / "short"
+    long.mkdir()
+    short.mkdir()
+    for i in range(2):
+        samples = make_samples(700, seed=i, median=240, max_len=1024)
+        pq.write_table(to_table(samples), long / f"l{i}.parquet", row_group_size=100)
+        samples = make_samples(800, seed=10 + i, median=60, max_len=1024)
+        pq.write_table(to_table(samples), short / f"s{i}.parquet", row_group_size=100)
+    return long, short
+
+
+def mix_args(sources, out: Path, *extra: str) -> list[str]:
+    long, short = sources
+    return ["pack", "--mix", f"{long}=1", "--mix", f"{short}=1", "-o", str(out), "-L", MAX_LEN]
+
+
+def pack_cli(cli, sources, out: Path, *extra: str) -> dict:
+    r = cli(*mix_args(sources, out), *extra, "--json")
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout)
+
+
+def pack_process(sources, out: Path, *extra: str, env: dict | None = None):
+    """The CLI in its own process (a fault-injected run kills itself)."""
+    args = mix_args(sources, out)[1:]
+    return subprocess.run(
+        [sys.executable, "-m", "packer.cli", "pack", *args, *extra, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=300,
+    )
+
+
+def per_source(out: Path, n_sources: int = 2):
+    """(tokens per source, {source: counts of each sample's first piece by sample_index}),
+    recomputed from the rows."""
+    rows = read_shards(out).select(["cu_seqlens", "sample_source", "sample_index", "sample_offset"])
+    tokens = np.zeros(n_sources, np.int64)
+    seen: list[dict[int, int]] = [{} for _ in range(n_sources)]
+    for row in rows.to_pylist():
+        lengths = np.diff(row["cu_seqlens"])[: len(row["sample_source"])]
+        np.add.at(tokens, row["sample_source"], lengths)
+        for s, i, o in zip(row["sample_source"], row["sample_index"], row["sample_offset"]):
+            if o == 0:
+                seen[s][i] = seen[s].get(i, 0) + 1
+    return tokens, seen
+
+
+def without_layout(mixture: dict) -> dict:
+    """A manifest's `mixture` without what names the layout (none of its fields does today:
+    the sources, files, ranges and counts are the same on every layout)."""
+    return mixture
+
+
+def verify_passes(out: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "packer.cli", "verify", str(out), "--no-attention"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.fixture(scope="module")
+def block_run(sources, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("blocks") / "out"
+    r = pack_process(sources, out, "--block-size", BLOCK)
+    assert r.returncode == 0, r.stderr
+    return out, json.loads(r.stdout)
+
+
+def test_fifty_fifty_on_blocks_meets_the_bar_and_matches_one_plan(
+    cli, sources, block_run, tmp_path
+):
+    out, report = block_run
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert report["blocks"] == manifest["stats"]["blocks"] == 17
+    tokens, seen = per_source(out)
+    shares = tokens / tokens.sum()
+    assert abs(shares[0] - 0.5) <= 0.001 and abs(shares[1] - 0.5) <= 0.001, shares
+    mixture = manifest["mixture"]
+    assert tokens.tolist() == [s["tokens"] for s in mixture["sources"]]
+    long, short = mixture["sources"]
+    assert long["input_samples"] == 1400 and short["input_samples"] == 1600
+    # the scarce source: every sample once, nothing repeated or dropped
+    assert (short["epochs"], short["repeats"], short["dropped"]) == (1, 0, 0)
+    assert sorted(seen[1]) == list(range(1400, 3000)) and set(seen[1].values()) == {1}
+    # the larger one: a subset, no sample twice
+    assert long["epochs"] == 0 and set(seen[0].values()) == {1} and len(seen[0]) < 1400
+    assert all(i < 1400 for i in seen[0])
+    # one global mixture: the one-plan run of the same sources reports the same
+    one = tmp_path / "one"
+    pack_cli(cli, sources, one)
+    one_plan = json.loads((one / "manifest.json").read_text())["mixture"]
+    assert without_layout(mixture) == without_layout(one_plan)
+    assert report["mixture"] == mixture
+    verify_passes(out)
+
+
+def test_twice_the_tokens_on_blocks_is_exactly_two_epochs(cli, sources, block_run, tmp_path):
+    _, first = block_run
+    twice = 2 * sum(s["tokens"] for s in first["mixture"]["sources"])
+    out = tmp_path / "twice"
+    report = pack_cli(cli, sources, out, "--block-size", BLOCK, "--mix-tokens", str(twice))
+    short = report["mixture"]["sources"][1]
+    assert (short["epochs"], short["repeats"], short["dropped"]) == (2, 1, 0)
+    tokens, seen = per_source(out)
+    assert sorted(seen[1]) == list(range(1400, 3000)) and set(seen[1].values()) == {2}
+    assert abs(tokens[1] / tokens.sum() - 0.5) <= 0.001
+    verify_passes(out)
+
+
+def outputs_equal(a: Path, b: Path) -> None:
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def leftovers(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(f".{out.name}{TMP_MARK}*"))
+
+
+def test_a_killed_mixture_resumes_to_the_same_bytes(sources, block_run, tmp_path):
+    out = tmp_path / "out"
+    args = ("--block-size", BLOCK)
+    r = pack_process(sources, out, *args, env={"PACKER_FAULT_KILL_AT_RECORDS": "8"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    assert not out.exists() and len(leftovers(out)) == 1
+    # another weight: refused in one line naming what changed, the killed run left as it was
+    long, short = sources
+    changed = subprocess.run(
+        [sys.executable, "-m", "packer.cli", "pack", "--mix", f"{long}=2", "--mix", f"{short}=1"]
+        + ["-o", str(out), "-L", MAX_LEN, *args, "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert changed.returncode == 2
+    assert len(changed.stderr.strip().splitlines()) == 1, changed.stderr
+    assert "cannot resume: --mix changed" in changed.stderr and "Traceback" not in changed.stderr
+    assert len(leftovers(out)) == 1
+    r = pack_process(sources, out, *args, "--resume")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["tasks_reused"] == 8
+    outputs_equal(block_run[0], out)
+    assert leftovers(out) == []
+
+
+@pytest.mark.xdist_group("ray")
+def test_ray_writes_the_local_block_runs_bytes(cli, cluster, sources, block_run, tmp_path):
+    out = tmp_path / "ray"
+    pack_cli(cli, sources, out, "--block-size", BLOCK, "--engine", "ray", "--ray-address", cluster)
+    outputs_equal(block_run[0], out)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--block-size", BLOCK, "--repack"], "cannot be used with --repack"),
+        (["--block-size", BLOCK, "--validation-split", "0.05"], "cannot be used with --block-size"),
+    ],
+)
+def test_what_block_mixtures_refuse_in_one_line(cli, sources, tmp_path, extra, expected):
+    out = tmp_path / "out"
+    r = cli(*mix_args(sources, out), *extra)
+    assert r.exit_code == 2, r.output
+    assert expected in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not out.exists()
