@@ -42,7 +42,7 @@ def sources(tmp_path_factory) -> tuple[Path, Path]:
     return long, short
 
 
-def mix_args(sources, out: Path, *extra: str) -> list[str]:
+def mix_args(sources, out: Path) -> list[str]:
     long, short = sources
     return ["pack", "--mix", f"{long}=1", "--mix", f"{short}=1", "-o", str(out), "-L", MAX_LEN]
 
@@ -145,6 +145,35 @@ def test_twice_the_tokens_on_blocks_is_exactly_two_epochs(cli, sources, block_ru
     verify_passes(out)
 
 
+def test_a_validation_split_on_blocks_is_disjoint_and_matches_one_plan(cli, sources, tmp_path):
+    out = tmp_path / "train"
+    report = pack_cli(cli, sources, out, "--block-size", BLOCK, "--validation-split", "0.05")
+    held = tmp_path / "train-validation"
+    train_manifest = json.loads((out / "manifest.json").read_text())
+    held_manifest = json.loads((held / "manifest.json").read_text())
+    assert report["mixture"]["validation"]["output"] == str(held)
+    _, train_seen = per_source(out)
+    _, held_seen = per_source(held)
+    for s, n in enumerate((1400, 1600)):  # ~5% of each source's samples, each once
+        assert len(held_seen[s]) == round(0.05 * n) and set(held_seen[s].values()) == {1}
+        assert not set(held_seen[s]) & set(train_seen[s])
+    for s in held_manifest["mixture"]["sources"]:
+        assert s["samples"] == s["held_out"]
+    # the one-plan run of the same split reports the same, but for the outputs' names
+    one = tmp_path / "one"
+    pack_cli(cli, sources, one, "--validation-split", "0.05")
+    one_train = json.loads((one / "manifest.json").read_text())["mixture"]
+    one_held = json.loads((tmp_path / "one-validation" / "manifest.json").read_text())["mixture"]
+    assert one_train["validation"].pop("output") == str(tmp_path / "one-validation")
+    assert train_manifest["mixture"]["validation"].pop("output") == str(held)
+    assert train_manifest["mixture"] == one_train
+    assert held_manifest["mixture"].pop("validation_of") == str(out)
+    assert one_held.pop("validation_of") == str(one)
+    assert held_manifest["mixture"] == one_held
+    verify_passes(out)
+    verify_passes(held)
+
+
 def outputs_equal(a: Path, b: Path) -> None:
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
@@ -173,7 +202,10 @@ def test_a_killed_mixture_resumes_to_the_same_bytes(sources, block_run, tmp_path
     )
     assert changed.returncode == 2
     assert len(changed.stderr.strip().splitlines()) == 1, changed.stderr
-    assert "cannot resume: --mix changed" in changed.stderr and "Traceback" not in changed.stderr
+    assert f"cannot resume: --mix changed ({long}=1, {short}=1 -> {long}=2, {short}=1)" in (
+        changed.stderr
+    )
+    assert "Traceback" not in changed.stderr
     assert len(leftovers(out)) == 1
     r = pack_process(sources, out, *args, "--resume")
     assert r.returncode == 0, r.stderr
@@ -194,7 +226,6 @@ def test_ray_writes_the_local_block_runs_bytes(cli, cluster, sources, block_run,
     ("extra", "expected"),
     [
         (["--block-size", BLOCK, "--repack"], "cannot be used with --repack"),
-        (["--block-size", BLOCK, "--validation-split", "0.05"], "cannot be used with --block-size"),
     ],
 )
 def test_what_block_mixtures_refuse_in_one_line(cli, sources, tmp_path, extra, expected):

@@ -82,6 +82,7 @@ class BlockTake:
     positions: np.ndarray  # int64
     bounds: np.ndarray  # int64, sources + 1
     digest: str  # of positions and bounds: a resumed block is kept only for the same take
+    counts_dropped: bool = True  # the training output counts `drop`'s samples, as one plan does
 
 
 def block_seed(seed: int, block: int) -> int:
@@ -196,7 +197,7 @@ def _pack_block(
         "rejects": rejects.records if rejects else [],
     }
     if samples is None or (take is not None and take.positions.size == 0):
-        dropped = 0 if samples is None else _over_dropped(samples, cfg)
+        dropped = 0 if samples is None or not take.counts_dropped else _over_dropped(samples, cfg)
         stats = Stats(cfg.max_len, samples_in=spec.rows, dropped=dropped, **_rejected(rejects))
         empty = np.zeros(0, np.int64)
         return BlockResult(
@@ -231,7 +232,8 @@ def _pack_block(
     lengths, counts = np.unique(segs.length, return_counts=True)
     stats = _block_stats(spec, samples, segs, full, shards, spill, rejects, cfg)
     if take is not None:  # the chosen samples, repeats counted; `drop`'s own as in any run
-        stats = replace(stats, samples_packed=int(pos.size), dropped=_over_dropped(samples, cfg))
+        dropped = _over_dropped(samples, cfg) if take.counts_dropped else 0
+        stats = replace(stats, samples_packed=int(pos.size), dropped=dropped)
     return BlockResult(
         **common,
         stats=stats,

@@ -78,6 +78,7 @@ def pack_blocks(
     resume_run: bool = False,
     remote=None,
     mixture=None,
+    held: list | None = None,
 ) -> PackResult:
     """Run the block pipeline on `engine` (opened by the caller); the atomic commit stays here.
 
@@ -86,7 +87,9 @@ def pack_blocks(
     tasks upload their files beside it and the driver builds only the manifest and the small
     files in `out`, for `remote.commit` (`packer.pipelines.run_files`). mixture: a
     `packer.pipelines.mixture_blocks.BlockMixture`: every block packs the samples the
-    mixture chose from it."""
+    mixture chose from it. held: build the output, manifest included, but leave it in its
+    temporary directory, appending (tmp, out, synced files) for the caller to commit (a
+    mixture's validation and training outputs are both built before either is committed)."""
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
     # the local engine runs the tasks here: their kernels load (or compile) in the background
@@ -108,6 +111,7 @@ def pack_blocks(
                 resume_run,
                 remote,
                 mixture,
+                held,
             )
         finally:
             if warming is not None:
@@ -115,7 +119,19 @@ def pack_blocks(
 
 
 def _pack_blocks(
-    engine, files, out, cfg, overwrite, progress, workers, budget, t0, resume_run, remote, mixture
+    engine,
+    files,
+    out,
+    cfg,
+    overwrite,
+    progress,
+    workers,
+    budget,
+    t0,
+    resume_run,
+    remote,
+    mixture,
+    held,
 ) -> PackResult:
     t = time.perf_counter()
     timings: dict[str, float] = {"engine_start": t - t0}
@@ -177,7 +193,7 @@ def _pack_blocks(
         if remote is not None:
             remote.on_store.update(s["file"] for s in shards)
         extra = mixture.manifest() if mixture is not None else {}
-        _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite, extra)
+        _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite, extra, held)
         timings["commit"] = time.perf_counter() - t
     seconds = [r.seconds for r in results]
     timings["block_task_median"] = float(np.median(seconds)) if seconds else 0.0
@@ -295,9 +311,11 @@ def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int, 
     return entries, len(tasks) - len(todo)
 
 
-def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite, extra):
+def _commit(
+    tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite, extra, held
+):
     """rejects.jsonl, split_labels.jsonl and the manifest (with `extra`'s entries), then the
-    atomic commit."""
+    atomic commit (left to the caller with `held`)."""
     entry = None
     if cfg.on_error == "skip":
         entry = write_rejects(
@@ -318,7 +336,12 @@ def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects,
     manifest.update(extra)
     # every shard was flushed by `write_shards` before its task's completion record was
     # written (a kept record: by the killed run's task): the commit flushes the rest
-    output.finish(tmp, out, manifest, overwrite, synced=[s["file"] for s in shards])
+    synced = [s["file"] for s in shards]
+    if held is not None:
+        output.write_manifest(tmp, manifest)
+        held.append((tmp, out, synced))
+        return
+    output.finish(tmp, out, manifest, overwrite, synced=synced)
 
 
 def scan_task(settings: dict, *args) -> FileScan:

@@ -46,9 +46,7 @@ from packer.write.shards import SHARDS, write_shards
 from packer.write.source_column import with_source_column
 
 
-def check_mixture_run(
-    cfg: PackConfig, out, *, repack: bool, resume: bool, mixing: bool, split: bool = False
-) -> None:
+def check_mixture_run(cfg: PackConfig, out, *, repack: bool, resume: bool, mixing: bool) -> None:
     """What a mixture or a validation split cannot run with, refused before any work."""
     what = option("mix") if mixing else option("validation_split")
     blocks = cfg.block_size is not None or cfg.engine != "local"
@@ -62,11 +60,6 @@ def check_mixture_run(
         raise UsageError(
             f"{option('resume=True', '--resume')} picks up block runs: pass "
             f"{option('block_size')} or {option('engine')} ray"
-        )
-    if split and blocks:
-        raise UsageError(
-            f"{option('validation_split')} runs on the local engine with one global plan; it "
-            f"cannot be used with {option('block_size')} or {option('engine')} ray"
         )
     if is_url(str(out)):
         raise UsageError(

@@ -22,8 +22,8 @@ import numpy as np
 from packer import hashing
 from packer.config import PackConfig
 from packer.pipelines.block_task import BlockTake
-from packer.pipelines.mixture import describe_sources, mixture_report
-from packer.pipelines.mixture_select import MixSource, MixturePlan, choose_samples, packed_lengths
+from packer.pipelines.mixture import describe_sources, mixture_report, validation_report
+from packer.pipelines.mixture_select import MixSource, choose_samples, packed_lengths
 from packer.read.blocks import BlockSpec, block_samples
 from packer.read.samples import Rejects
 from packer.storage.options import carried, carry_in
@@ -47,26 +47,33 @@ def block_lengths(settings: dict, spec: BlockSpec, cfg: PackConfig) -> np.ndarra
 
 @dataclass
 class BlockMixture:
-    """A mixture (or a validation split's training side) run on blocks: the sources, the
-    files of each (in the run's input order), and what was chosen once `choose` ran."""
+    """A mixture (or a validation split) run on blocks: the sources, the files of each (in the
+    run's input order), which output this run builds (`side`), and what was chosen once
+    `choose` ran. The two outputs of a split share one choice (`for_validation`)."""
 
     sources: list[MixSource]
     files: list[list]
     mix_tokens: int | None
     split: float | int | None
+    side: str = "train"  # or "validation"
     validation: dict | None = None  # the training manifest's `mixture.validation`
+    train_output: str | None = None  # the validation manifest's `validation_of`
     bounds: np.ndarray | None = None
-    planned: MixturePlan | None = None
     report: dict | None = None
+    _chosen: dict = field(default_factory=dict)  # shared by both sides of a split
     _source_of_file: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self._source_of_file = [i for i, part in enumerate(self.files) for _ in part]
 
+    def for_validation(self, train_output: str) -> BlockMixture:
+        """The validation output's run: the same choice, its held-out samples."""
+        return replace(self, side="validation", train_output=train_output, validation=None)
+
     def key(self) -> dict:
         """The mixture as the run record holds it: a resume with other sources, weights,
         size or split is refused, naming the option."""
-        mix = [[list(s.paths), s.weight, dict(s.columns)] for s in self.sources]
+        mix = ", ".join(_named(s) for s in self.sources)
         return {"mix": mix, "mix_tokens": self.mix_tokens, "validation_split": self.split}
 
     def block_cfg(self, spec: BlockSpec, cfg: PackConfig) -> PackConfig:
@@ -75,7 +82,24 @@ class BlockMixture:
         return replace(cfg, **columns) if columns else cfg
 
     def choose(self, engine, scans, specs: list[BlockSpec], cfg: PackConfig, memory: int):
-        """The length pass on `engine`, the global choice, and every block's `BlockTake`."""
+        """The length pass on `engine` and the global choice (once for both outputs of a
+        split), then every block's `BlockTake` for this run's output."""
+        if not self._chosen:
+            self._chosen.update(self._length_pass(engine, scans, specs, cfg, memory))
+        c = self._chosen
+        planned, described, starts = c["planned"], c["described"], c["starts"]
+        self.bounds = c["bounds"]
+        if self.side == "validation":
+            self.report = validation_report(planned, described, cfg, self.split, self.train_output)
+            positions = planned.validation.positions
+        else:
+            self.report = mixture_report(planned, described, cfg, self.split, self.mix_tokens)
+            if self.validation is not None:
+                self.report["validation"] = self.validation
+            positions = planned.train.positions
+        return takes_of(positions, starts, self.bounds, self.side == "train")
+
+    def _length_pass(self, engine, scans, specs, cfg: PackConfig, memory: int) -> dict:
         settings = carried()
         lengths = engine.map(
             block_lengths,
@@ -87,7 +111,7 @@ class BlockMixture:
         for part in self.files:
             counts.append(sum(per_file[k : k + len(part)]))
             k += len(part)
-        self.bounds = np.cumsum([0, *counts], dtype=np.int64)
+        bounds = np.cumsum([0, *counts], dtype=np.int64)
         starts = np.zeros(len(specs) + 1, np.int64)
         np.cumsum([a.size for a in lengths], out=starts[1:])
         kept: list[list[np.ndarray]] = [[] for _ in self.sources]
@@ -99,21 +123,17 @@ class BlockMixture:
             kept[s].append(starts[b] + ok)
             packed[s].append(a[ok].astype(np.int64))
             dropped += a.size - ok.size
-        weights = [s.weight for s in self.sources]
-        self.planned = choose_samples(
+        planned = choose_samples(
             [_joined(k) for k in kept],
             [_joined(p) for p in packed],
             dropped,
-            weights,
+            [s.weight for s in self.sources],
             cfg,
             self.mix_tokens,
             self.split,
         )
-        described = describe_sources(self.sources, self.files, self.bounds)
-        self.report = mixture_report(self.planned, described, cfg, self.split, self.mix_tokens)
-        if self.validation is not None:
-            self.report["validation"] = self.validation
-        return takes_of(self.planned.train.positions, starts, self.bounds)
+        described = describe_sources(self.sources, self.files, bounds)
+        return {"planned": planned, "described": described, "starts": starts, "bounds": bounds}
 
     def manifest(self) -> dict:
         """What the block run's manifest adds: the `mixture` and the shards' columns."""
@@ -124,11 +144,19 @@ class BlockMixture:
         return {"columns": {f.name: str(f.type) for f in schema}, "mixture": self.report}
 
 
+def _named(source: MixSource) -> str:
+    """A source as a resume's refusal shows it: PATH=WEIGHT, and its own columns."""
+    columns = "".join(f" {k}={v}" for k, v in sorted(source.columns.items()))
+    return f"{','.join(source.paths)}={source.weight:g}{columns}"
+
+
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def takes_of(positions: np.ndarray, starts: np.ndarray, bounds: np.ndarray) -> list[BlockTake]:
+def takes_of(
+    positions: np.ndarray, starts: np.ndarray, bounds: np.ndarray, counts_dropped: bool = True
+) -> list[BlockTake]:
     """Every block's take list from the selection's positions (numbered over the blocks' kept
     samples, `starts` the first of each block), each block's in selection order."""
     block = np.searchsorted(starts, positions, side="right") - 1
@@ -142,7 +170,7 @@ def takes_of(positions: np.ndarray, starts: np.ndarray, bounds: np.ndarray) -> l
         digest.update(local.tobytes())
         digest.update(b"|")
         digest.update(np.ascontiguousarray(bounds, np.int64).tobytes())
-        takes.append(BlockTake(local, bounds, digest.hexdigest()))
+        takes.append(BlockTake(local, bounds, digest.hexdigest(), counts_dropped))
     return takes
 
 
@@ -154,6 +182,7 @@ def pack_mixture_blocks(
     mix,
     mix_tokens,
     validation_split,
+    validation_output,
     overwrite: bool,
     progress,
     workers: int,
@@ -162,35 +191,56 @@ def pack_mixture_blocks(
     t0: float,
 ):
     """`pack(mix=..., block_size=...)` or on Ray: the block pipeline packing one global
-    mixture (`BlockMixture`); committed atomically like any block run."""
+    mixture (`BlockMixture`). With a validation split, the validation output is a second
+    block run over the same blocks; both are built before either is committed, the
+    validation output first (as `packer.pipelines.mixture` does)."""
     import time
 
     from packer.arguments import parse_size
     from packer.engines import open_engine
+    from packer.interrupts import interrupt_once
     from packer.pipelines.blocks import pack_blocks
+    from packer.pipelines.mixture import validation_target
     from packer.pipelines.mixture_read import check_source_columns
     from packer.pipelines.mixture_select import expand_sources, mix_sources
     from packer.read.cache import default_budget
+    from packer.storage import display
+    from packer.write import commit as output
 
     sources = mix_sources(mix, inputs)
+    vout = None
+    if validation_split is not None:
+        vout = validation_target(out, validation_output, overwrite)
     files = expand_sources(sources, stage=False)  # a block task reads its block in place
     check_source_columns(sources, files, cfg)
     mixture = BlockMixture(sources, files, mix_tokens, validation_split)
     budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
     flat = [f for part in files for f in part]
-    with open_engine(cfg.engine, cfg.ray_address, workers) as engine:
-        result = pack_blocks(
-            engine,
-            flat,
-            out,
-            cfg,
-            overwrite=overwrite,
-            progress=progress,
-            workers=workers,
-            budget=budget,
-            t0=t0,
-            resume_run=resume,
-            mixture=mixture,
-        )
+    run = {"progress": progress, "workers": workers, "budget": budget, "t0": t0}
+    held: list = []
+    try:
+        with open_engine(cfg.engine, cfg.ray_address, workers) as engine:
+            if vout is not None:
+                held_out = mixture.for_validation(display(out))
+                pack_blocks(
+                    engine, flat, vout, cfg, overwrite=overwrite, resume_run=resume,
+                    mixture=held_out, held=held, **run,
+                )  # fmt: skip
+                mixture.validation = {
+                    "output": display(vout),
+                    "split": validation_split,
+                    "seed": cfg.seed,
+                }
+            result = pack_blocks(
+                engine, flat, out, cfg, overwrite=overwrite, resume_run=resume,
+                mixture=mixture, held=held if vout is not None else None, **run,
+            )  # fmt: skip
+        with interrupt_once():
+            for tmp, dest, synced in held:  # the validation output first
+                output.commit(tmp, dest, overwrite=overwrite, synced=synced)
+            held.clear()
+    finally:
+        for tmp, _, _ in held:
+            output.discard(tmp)
     result.seconds = time.perf_counter() - t0
     return result

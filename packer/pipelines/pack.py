@@ -217,9 +217,7 @@ def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, m
     memory_budget, out_of_core, repack, resume, t0 = more
     mixing = args[0] is not None or args[1] is not None
     mix, mix_tokens, split, split_output = args
-    check_mixture_run(
-        cfg, str(output_dir), repack=repack, resume=resume, mixing=mixing, split=split is not None
-    )
+    check_mixture_run(cfg, str(output_dir), repack=repack, resume=resume, mixing=mixing)
     out = Path(output_dir)
     if out_of_core is not None:
         raise UsageError(f"{option('out_of_core')} is for one-plan sample runs, not mixtures")
@@ -241,6 +239,7 @@ def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, m
                 mix=mix,
                 mix_tokens=mix_tokens,
                 validation_split=split,
+                validation_output=split_output,
                 overwrite=overwrite,
                 progress=progress,
                 workers=workers,
