@@ -37,6 +37,7 @@ from packer.engines import Engine
 from packer.errors import InputError, UsageError, option
 from packer.interrupts import interrupt_once
 from packer.pipelines import resume
+from packer.pipelines.block_inputs import check_labels, sources_of
 from packer.pipelines.block_tail import tail_task_name, tail_tasks, task_key, write_tail
 from packer.pipelines.block_task import (
     DECREASING,
@@ -53,7 +54,7 @@ from packer.planning.row_order import order_shards
 from packer.planning.strategies import martello_toth_bound
 from packer.read.assemble import counts_text
 from packer.read.blocks import BlockSpec, FileScan, scan_file
-from packer.read.samples import Rejects, SourceFile
+from packer.read.samples import Rejects
 from packer.storage.options import carried, carry_in
 from packer.version import __version__
 from packer.write import commit as output
@@ -162,7 +163,7 @@ def _pack_blocks(
         t = time.perf_counter()
         if progress:
             progress("plan", 0, 0)
-        has_labels = _check_labels(specs, results, cfg.labels_column or None)
+        has_labels = check_labels(specs, results, cfg.labels_column or None)
         total, rejects, hist = _totals(results, cfg)
         width = specs[0].width if specs else 5
         tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)
@@ -189,7 +190,7 @@ def _pack_blocks(
             lower_bound_l2=martello_toth_bound(hist, cfg.max_len) if hist is not None else None,
             global_rows=_global_rows(hist, cfg),
         ).as_dict()
-        sources = _sources_of(scans, specs, results, has_labels)
+        sources = sources_of(scans, specs, results, has_labels)
         if remote is not None:
             remote.on_store.update(s["file"] for s in shards)
         extra = mixture.manifest() if mixture is not None else {}
@@ -389,26 +390,6 @@ def _check_memory(specs: list[BlockSpec], budget: int) -> None:
             )
 
 
-def _check_labels(specs: list[BlockSpec], results: list[BlockResult], labels_column) -> bool:
-    """Every block with samples must agree with the first on having labels."""
-    seen = [(s, r) for s, r in zip(specs, results) if r.rows and r.samples]
-    if not seen:
-        return False
-    s0, r0 = seen[0]
-    for s, r in seen[1:]:
-        if r.has_labels != r0.has_labels:
-            (w, _), (wo, _) = ((s, r), (s0, r0)) if r.has_labels else ((s0, r0), (s, r))
-            if w.path == wo.path:
-                raise InputError(
-                    f"mixed schemas: {w.path} has a '{labels_column}' column in some blocks "
-                    "and not in others"
-                )
-            raise InputError(
-                f"mixed schemas: {w.path} has a '{labels_column}' column and {wo.path} does not"
-            )
-    return r0.has_labels
-
-
 def _global_rows(hist: np.ndarray | None, cfg: PackConfig) -> int | None:
     """Rows of one global plan of every segment, from the length histogram alone."""
     if hist is None or cfg.strategy not in DECREASING:
@@ -443,28 +424,3 @@ def _totals(results: list[BlockResult], cfg: PackConfig):
         for r in results:
             np.add.at(hist, r.hist[0], r.hist[1])
     return total, rejects, hist
-
-
-def _sources_of(scans, specs, results, has_labels: bool) -> list[SourceFile]:
-    sources = []
-    first = 0
-    by_file: dict[int, list[tuple[BlockSpec, BlockResult]]] = {}
-    for s, r in zip(specs, results):
-        by_file.setdefault(s.file, []).append((s, r))
-    for i, scan in enumerate(scans):
-        parts = by_file.get(i, [])
-        n = sum(r.rows for _, r in parts)
-        sources.append(
-            SourceFile(
-                path=Path(scan.path),
-                format=scan.format,
-                num_samples=n,
-                first_index=first,
-                size=scan.size,
-                fingerprint=scan.fingerprint,
-                has_labels=has_labels and any(r.has_labels for _, r in parts),
-                rejected=sum(len(r.rejects) for _, r in parts),
-            )
-        )
-        first += n
-    return sources
