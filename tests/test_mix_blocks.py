@@ -174,6 +174,40 @@ def test_a_validation_split_on_blocks_is_disjoint_and_matches_one_plan(cli, sour
     verify_passes(held)
 
 
+def test_sources_of_their_own_columns_and_labels_with_rejects(cli, sources, tmp_path):
+    """A JSONL source of its own input column, without labels and with bad lines skipped,
+    mixed with a labelled Parquet source: the block run's mixture and stats are the one-plan
+    run's, its tail shards join the two kinds of samples, and verify passes."""
+    rng = np.random.default_rng(5)
+    lines = []
+    for i in range(1500):
+        ids = rng.integers(0, 1000, int(rng.integers(1, 300))).tolist()
+        lines.append('{"input_ids": "bad"}' if i % 97 == 5 else json.dumps({"ids": ids}))
+    chats = tmp_path / "ids.jsonl"
+    chats.write_text("\n".join(lines) + "\n")
+    config = tmp_path / "mix.yaml"
+    config.write_text(
+        f"max_len: {MAX_LEN}\non_error: skip\ndatasets:\n"
+        f"  - {{path: {chats}, weight: 1, input_column: ids, labels_column: null}}\n"
+        f"  - {{path: {sources[1]}, weight: 1}}\n"
+    )
+    manifests = []
+    for out, extra in ((tmp_path / "one", []), (tmp_path / "blocks", ["--block-size", "32KiB"])):
+        r = cli("pack", "-c", config, "-o", out, *extra, "--json")
+        assert r.exit_code == 0, r.output
+        manifests.append(json.loads((out / "manifest.json").read_text()))
+    one, blocks = manifests
+    assert blocks["stats"]["blocks"] > 4 and blocks["stats"]["rejected"] == 16
+    assert blocks["mixture"] == one["mixture"]
+    layout = ("blocks", "tail_rows", "tokens_moved", "global_rows", "lower_bound_l2", "block_cost")
+    rows = ("rows", "efficiency", "rows_over_lower_bound", "pad_tokens")
+    assert {k: v for k, v in blocks["stats"].items() if k not in layout + rows} == {
+        k: v for k, v in one["stats"].items() if k not in rows
+    }
+    assert [i["has_labels"] for i in blocks["inputs"]] == [False, True, True]
+    verify_passes(tmp_path / "blocks")
+
+
 def outputs_equal(a: Path, b: Path) -> None:
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())

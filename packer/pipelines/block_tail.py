@@ -65,14 +65,16 @@ def write_tail(
 def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Path, bounds):
     needed = np.unique(task.blocks)
     chunk_of = {int(b): k for k, b in enumerate(needed.tolist())}
-    tok, lab, starts, tables = [], [], [0], []
-    for b in needed.tolist():
-        table = _read_spill(place.spill(spill_name(b, task.block_width), spills))
-        tables.append(table)
+    tok, lab, starts = [], [], [0]
+    tables = [_read_spill(place.spill(spill_name(b, task.block_width), spills)) for b in needed]
+    # a mixture's source without labels trains its tokens, beside one with labels
+    labelled = any("labels" in table.schema.names for table in tables)
+    for table in tables:
         values = numpy_view(table.column("tokens").values)
         tok.append(values)
-        if "labels" in table.schema.names:
-            lab.append(numpy_view(table.column("labels").values))
+        if labelled:
+            has = "labels" in table.schema.names
+            lab.append(numpy_view(table.column("labels").values) if has else values)
         starts.append(starts[-1] + values.size)
     n = task.blocks.size
     seg_start = np.empty(n, np.int64)

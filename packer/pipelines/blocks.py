@@ -163,7 +163,13 @@ def _pack_blocks(
         t = time.perf_counter()
         if progress:
             progress("plan", 0, 0)
-        has_labels = check_labels(specs, results, cfg.labels_column or None)
+        # a mixture's sources may differ in having labels; the files of one source may not
+        groups = mixture.source_blocks(specs) if mixture is not None else [range(len(specs))]
+        checked = [
+            check_labels([specs[k] for k in g], [results[k] for k in g], cfg.labels_column or None)
+            for g in groups
+        ]
+        has_labels = any(checked)
         total, rejects, hist = _totals(results, cfg)
         width = specs[0].width if specs else 5
         tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)

@@ -81,6 +81,13 @@ class BlockMixture:
         columns = self.sources[self._source_of_file[spec.file]].columns
         return replace(cfg, **columns) if columns else cfg
 
+    def source_blocks(self, specs: list[BlockSpec]) -> list[list[int]]:
+        """The blocks of every source, by position in `specs`."""
+        groups: list[list[int]] = [[] for _ in self.sources]
+        for k, spec in enumerate(specs):
+            groups[self._source_of_file[spec.file]].append(k)
+        return groups
+
     def choose(self, engine, scans, specs: list[BlockSpec], cfg: PackConfig, memory: int):
         """The length pass on `engine` and the global choice (once for both outputs of a
         split), then every block's `BlockTake` for this run's output."""
