@@ -249,6 +249,25 @@ def test_a_killed_mixture_resumes_to_the_same_bytes(sources, block_run, tmp_path
     assert leftovers(out) == []
 
 
+def test_sources_on_s3_read_in_place_give_the_local_bytes(s3, sources, block_run, tmp_path):
+    long, short = (s3.put_dir(d, d.name) for d in sources)
+    out = tmp_path / "from-s3"
+    r = subprocess.run(
+        [sys.executable, "-m", "packer.cli", "pack", "--mix", f"{long}=1", "--mix", f"{short}=1"]
+        + ["-o", str(out), "-L", MAX_LEN, "--block-size", BLOCK, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    here = json.loads((block_run[0] / "manifest.json").read_text())
+    there = json.loads((out / "manifest.json").read_text())
+    assert [s["xxh3_128"] for s in there["shards"]] == [s["xxh3_128"] for s in here["shards"]]
+    for a, b in zip(there["mixture"]["sources"], here["mixture"]["sources"]):
+        assert a.pop("path").startswith("s3://") and a.pop("files")[0].startswith("s3://")
+        assert a == {k: v for k, v in b.items() if k not in ("path", "files")}
+
+
 @pytest.mark.xdist_group("ray")
 def test_ray_writes_the_local_block_runs_bytes(cli, cluster, sources, block_run, tmp_path):
     out = tmp_path / "ray"
