@@ -172,6 +172,18 @@ def test_a_validation_split_on_blocks_is_disjoint_and_matches_one_plan(cli, sour
     assert held_manifest["mixture"] == one_held
     verify_passes(out)
     verify_passes(held)
+    # killed while building the validation output, resumed: both outputs' bytes again
+    again = tmp_path / "again"
+    args = ("--block-size", BLOCK, "--validation-split", "0.05")
+    r = pack_process(sources, again, *args, env={"PACKER_FAULT_KILL_AT_RECORDS": "5"})
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    r = pack_process(sources, again, *args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tasks_reused"] == 5
+    for a, b in ((out, again), (held, tmp_path / "again-validation")):
+        names = sorted(p.name for p in a.iterdir() if p.name != "manifest.json")
+        assert names == sorted(p.name for p in b.iterdir() if p.name != "manifest.json")
+        assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
 
 
 def test_sources_of_their_own_columns_and_labels_with_rejects(cli, sources, tmp_path):

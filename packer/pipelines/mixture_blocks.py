@@ -229,7 +229,7 @@ def pack_mixture_blocks(
         with open_engine(cfg.engine, cfg.ray_address, workers) as engine:
             if vout is not None:
                 held_out = mixture.for_validation(display(out))
-                pack_blocks(
+                vresult = pack_blocks(
                     engine, flat, vout, cfg, overwrite=overwrite, resume_run=resume,
                     mixture=held_out, held=held, **run,
                 )  # fmt: skip
@@ -250,4 +250,7 @@ def pack_mixture_blocks(
         for tmp, _, _ in held:
             output.discard(tmp)
     result.seconds = time.perf_counter() - t0
+    if vout is not None:  # the tasks of both outputs
+        result.tasks_reused += vresult.tasks_reused
+        result.tasks_run += vresult.tasks_run
     return result
