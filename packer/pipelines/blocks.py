@@ -10,6 +10,8 @@ Stages, each a plain function an engine runs where it likes (`packer.engines`):
    and Arrow from metadata; JSONL counts its non-blank lines, without parsing them). The driver
    numbers the samples globally from these counts, so `sample_index` means the same as with one
    plan.
+   A mixture (`packer.pipelines.mixture_blocks`) then reads every block's lengths and
+   chooses its samples once, for all blocks.
 2. `pack_block` (`packer.pipelines.block_task`), one per block: read, validate, plan, write the
    rows that are full enough as shards, spill the samples of the under-filled tail rows; only
    their lengths go back to the driver, with the block's `Stats` and length histogram.
@@ -151,9 +153,8 @@ def _pack_blocks(
         worker_cpus = engine.task_workers(workers)
         takes = None
         if mixture is not None:  # the length pass, then one global choice
-            takes = mixture.choose(
-                engine, scans, specs, cfg, block_memory(specs, budget, cfg.max_len)
-            )
+            memory = block_memory(specs, budget, cfg.max_len)
+            takes = mixture.choose(engine, scans, specs, cfg, memory, progress)
             timings["lengths"] = time.perf_counter() - t
             t = time.perf_counter()
         results, reused = _run_blocks(

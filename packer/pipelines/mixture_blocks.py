@@ -88,11 +88,14 @@ class BlockMixture:
             groups[self._source_of_file[spec.file]].append(k)
         return groups
 
-    def choose(self, engine, scans, specs: list[BlockSpec], cfg: PackConfig, memory: int):
+    def choose(
+        self, engine, scans, specs: list[BlockSpec], cfg: PackConfig, memory: int, progress=None
+    ):
         """The length pass on `engine` and the global choice (once for both outputs of a
-        split), then every block's `BlockTake` for this run's output."""
+        split), then every block's `BlockTake` for this run's output. `progress("lengths",
+        blocks done, blocks)` as the length pass goes."""
         if not self._chosen:
-            self._chosen.update(self._length_pass(engine, scans, specs, cfg, memory))
+            self._chosen.update(self._length_pass(engine, scans, specs, cfg, memory, progress))
         c = self._chosen
         planned, described, starts = c["planned"], c["described"], c["starts"]
         self.bounds = c["bounds"]
@@ -106,11 +109,19 @@ class BlockMixture:
             positions = planned.train.positions
         return takes_of(positions, starts, self.bounds, self.side == "train")
 
-    def _length_pass(self, engine, scans, specs, cfg: PackConfig, memory: int) -> dict:
+    def _length_pass(self, engine, scans, specs, cfg: PackConfig, memory: int, progress) -> dict:
         settings = carried()
+        done = [0]
+
+        def on_done(_: int) -> None:
+            done[0] += 1
+            if progress:
+                progress("lengths", done[0], len(specs))
+
         lengths = engine.map(
             block_lengths,
             [(settings, s, self.block_cfg(s, cfg)) for s in specs],
+            on_done=on_done,
             memory=memory,
         )
         per_file = [sum(b.rows for b in scan.blocks) for scan in scans]
