@@ -164,13 +164,7 @@ def _pack_blocks(
         t = time.perf_counter()
         if progress:
             progress("plan", 0, 0)
-        # a mixture's sources may differ in having labels; the files of one source may not
-        groups = mixture.source_blocks(specs) if mixture is not None else [range(len(specs))]
-        checked = [
-            check_labels([specs[k] for k in g], [results[k] for k in g], cfg.labels_column or None)
-            for g in groups
-        ]
-        has_labels = any(checked)
+        has_labels = _has_labels(specs, results, cfg, mixture)
         total, rejects, hist = _totals(results, cfg)
         width = specs[0].width if specs else 5
         tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)
@@ -395,6 +389,17 @@ def _check_memory(specs: list[BlockSpec], budget: int) -> None:
                 f"{option('block_size')} (a Parquet row group is never cut) or a larger "
                 f"{option('memory_budget')}"
             )
+
+
+def _has_labels(specs: list[BlockSpec], results, cfg: PackConfig, mixture) -> bool:
+    """Whether the output's samples have labels: the files must agree, or with a mixture the
+    files of each source (sources may differ: one without labels trains its tokens)."""
+    groups = mixture.source_blocks(specs) if mixture is not None else [range(len(specs))]
+    checked = [
+        check_labels([specs[k] for k in g], [results[k] for k in g], cfg.labels_column or None)
+        for g in groups
+    ]
+    return any(checked)
 
 
 def _global_rows(hist: np.ndarray | None, cfg: PackConfig) -> int | None:
