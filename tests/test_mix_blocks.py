@@ -130,6 +130,16 @@ def test_fifty_fifty_on_blocks_meets_the_bar_and_matches_one_plan(
     assert without_layout(mixture) == without_layout(one_plan)
     assert report["mixture"] == mixture
     verify_passes(out)
+    # inspect names each segment's source, as on a one-plan output
+    from packer.inspection import inspect
+
+    table = read_shards(out)
+    files = [s["file"] for s in manifest["shards"]]
+    first = [0, *np.cumsum([s["rows"] for s in manifest["shards"]]).tolist()]
+    tail = first[next(k for k, f in enumerate(files) if f.startswith("shard-t"))]
+    for view in inspect(out, rows=[0, tail])["row_views"]:  # a block's row, a tail row
+        expected = table.column("sample_source")[view["row"]].as_py()
+        assert [s["mixture_source"] for s in view["segments"]] == expected
 
 
 def test_twice_the_tokens_on_blocks_is_exactly_two_epochs(cli, sources, block_run, tmp_path):
