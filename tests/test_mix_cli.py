@@ -177,9 +177,7 @@ def test_config_datasets(cli, sources, tmp_path):
         (["--mix", "{long}=-1"], "the weight must be a number above 0"),
         (["--mix", "{long}=1", "{short}"], "not as INPUT too"),
         (["--mix", "{long}=1", "--repack"], "cannot be used with --repack"),
-        (["--mix", "{long}=1", "--resume"], "cannot be used with --resume"),
-        (["--mix", "{long}=1", "--block-size", "1MiB"], "cannot be used with --block-size"),
-        (["--mix", "{long}=1", "--engine", "ray"], "cannot be used with --engine ray"),
+        (["--mix", "{long}=1", "--resume"], "--resume picks up block runs"),
         (["--mix", "{long}=1", "--mix", "{long}=2"], "a file belongs to one source"),
         (["{long}", "--mix-tokens", "100"], "--mix-tokens sizes a mixture"),
         (["--mix", "{long}=1", "--mix-tokens", "0"], "--mix-tokens must be at least 1"),
@@ -230,13 +228,8 @@ def test_library_mix(sources, tmp_path):
         packer.pack([], tmp_path / "c", cfg, mix={str(long): 0})
     with pytest.raises(UsageError, match="not as inputs too"):
         packer.pack([short], tmp_path / "c", cfg, mix={str(long): 1})
-    with pytest.raises(UsageError, match="block_size"):
-        packer.pack(
-            [],
-            tmp_path / "c",
-            packer.PackConfig(max_len=64, block_size=1 << 20),
-            mix={str(long): 1},
-        )
+    with pytest.raises(UsageError, match="^resume=True picks up block runs"):
+        packer.pack([], tmp_path / "c", cfg, mix={str(long): 1}, resume=True)
     assert not (tmp_path / "c").exists()
 
 

@@ -322,7 +322,7 @@ def pack(
         )
         _check_export_config(export_to, cfg, memory_budget)
         _check_unused_flags(cfg, pad_id, on_error, repack)
-        refused = {"--resume": resume, "--repack": repack}
+        refused = {"--repack": repack}
         inputs, mixing = mixture_args(
             inputs, mix, mix_tokens, validation_split, validation_output, cfg_mix(config), refused
         )

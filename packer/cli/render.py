@@ -146,7 +146,12 @@ class ProgressLines:
 def _pack_line(stage: str, done: int, total: int, label: str = "") -> str | None:
     if stage == "file":  # "read" covers every file
         return None
-    title = {"read": "reading", "plan": "planning", "write": "writing rows"}.get(stage, stage)
+    title = {
+        "read": "reading",
+        "lengths": "reading lengths (blocks)",
+        "plan": "planning",
+        "write": "writing rows",
+    }.get(stage, stage)
     if stage in ("download", "upload") and label:
         title = f"{title} {label}"
     amount = _amount(stage, done, total)
@@ -182,6 +187,7 @@ def progress_bars(enabled: bool):
     tasks: dict[str, int] = {}
     titles = {
         "read": "reading all files",
+        "lengths": "reading lengths (blocks)",
         "file": "",
         "plan": "planning",
         "write": "writing rows",

@@ -24,7 +24,8 @@ from packer.planning import row_order
 from packer.planning.overlength import Segments
 from packer.planning.strategies import Plan, plan
 from packer.read.samples import Samples, as_chunks
-from packer.write.shards import write_shards
+from packer.write.shards import SHARDS, write_shards
+from packer.write.source_column import with_source_column
 
 TAIL_GROUP = 1024  # blocks whose tails are planned together (and read by one tail task at most)
 
@@ -41,16 +42,19 @@ class TailTask:
     block_width: int = 5
 
 
-def write_tail(task: TailTask, cfg: PackConfig, place, workers: int) -> list[dict]:
+def write_tail(
+    task: TailTask, cfg: PackConfig, place, workers: int, bounds: np.ndarray | None = None
+) -> list[dict]:
     """Gather the tail rows of one shard from the spill files and write the shard (`place`:
-    where the run's files are, `packer.pipelines.run_files`); then the task's record."""
+    where the run's files are, `packer.pipelines.run_files`); then the task's record.
+    `bounds`: a mixture's sources' first sample indices, for the `sample_source` column."""
     from packer.workers import configure
 
     configure(workers)
     place.enter()
     spills = place.scratch(f"{tail_task_name(task)}-in")
     try:
-        entries = _write_tail(task, cfg, place, workers, spills)
+        entries = _write_tail(task, cfg, place, workers, spills, bounds)
     finally:
         shutil.rmtree(spills, ignore_errors=True)
     files = [listed_file(e) for e in entries]
@@ -58,17 +62,19 @@ def write_tail(task: TailTask, cfg: PackConfig, place, workers: int) -> list[dic
     return entries
 
 
-def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Path) -> list[dict]:
+def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Path, bounds):
     needed = np.unique(task.blocks)
     chunk_of = {int(b): k for k, b in enumerate(needed.tolist())}
-    tok, lab, starts, tables = [], [], [0], []
-    for b in needed.tolist():
-        table = _read_spill(place.spill(spill_name(b, task.block_width), spills))
-        tables.append(table)
+    tok, lab, starts = [], [], [0]
+    tables = [_read_spill(place.spill(spill_name(b, task.block_width), spills)) for b in needed]
+    # a mixture's source without labels trains its tokens, beside one with labels
+    labelled = any("labels" in table.schema.names for table in tables)
+    for table in tables:
         values = numpy_view(table.column("tokens").values)
         tok.append(values)
-        if "labels" in table.schema.names:
-            lab.append(numpy_view(table.column("labels").values))
+        if labelled:
+            has = "labels" in table.schema.names
+            lab.append(numpy_view(table.column("labels").values) if has else values)
         starts.append(starts[-1] + values.size)
     n = task.blocks.size
     seg_start = np.empty(n, np.int64)
@@ -99,7 +105,10 @@ def _write_tail(task: TailTask, cfg: PackConfig, place, workers: int, spills: Pa
     work = place.scratch(tail_task_name(task))
     name = f"shard-t{task.shard:0{task.width}d}.arrow"
     try:
-        entries = write_shards(samples, segs, pl, one, work, workers=workers, names=lambda _: name)
+        files = SHARDS if bounds is None else with_source_column(SHARDS, bounds)
+        entries = write_shards(
+            samples, segs, pl, one, work, workers=workers, names=lambda _: name, files=files
+        )
         place.publish(work)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

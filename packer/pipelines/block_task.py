@@ -17,7 +17,7 @@ import os
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,8 @@ from packer.read.samples import Rejects, Samples
 from packer.version import __version__
 from packer.write.manifest import split_points
 from packer.write.shard_file import arrow_array
-from packer.write.shards import segment_sources, write_shards
+from packer.write.shards import SHARDS, segment_sources, write_shards
+from packer.write.source_column import with_source_column
 
 # A row with more than L // TAIL_FREE free tokens is a tail row: its samples are packed again
 # with every block's tails. 1/512 of L keeps the rows within 0.01 % of one global plan on the
@@ -71,6 +72,19 @@ class BlockResult:
         return self.stats.samples_packed + self.stats.dropped
 
 
+@dataclass
+class BlockTake:
+    """A mixture's choice from one block (`packer.pipelines.mixture_blocks`): the positions of
+    the block's kept samples to pack, in selection order (a repeat is a second segment of the
+    same sample), and the sources' first global sample indices (`bounds`), from which the
+    shards' `sample_source` column is read off `sample_index`."""
+
+    positions: np.ndarray  # int64
+    bounds: np.ndarray  # int64, sources + 1
+    digest: str  # of positions and bounds: a resumed block is kept only for the same take
+    counts_dropped: bool = True  # the training output counts `drop`'s samples, as one plan does
+
+
 def block_seed(seed: int, block: int) -> int:
     """The seed of one block's plan (ff-shuffle), from the configured seed and its number."""
     return int(np.random.SeedSequence([seed, block]).generate_state(1)[0])
@@ -98,17 +112,19 @@ def _keep_rows(pl: Plan, keep: np.ndarray) -> Plan:
     return Plan(order=order, row_starts=starts)
 
 
-def pack_block(spec: BlockSpec, cfg: PackConfig, place, workers: int) -> BlockResult:
+def pack_block(
+    spec: BlockSpec, cfg: PackConfig, place, workers: int, take: BlockTake | None = None
+) -> BlockResult:
     """Stage 2 for one block: read, validate, resolve, plan, write full rows, spill tails into
     a private directory, publish them (`place`: `packer.pipelines.run_files`), then the block's
-    completion record."""
+    completion record. `take`: a mixture's samples of this block, instead of all of them."""
     from packer.workers import configure
 
     configure(workers)
     place.enter()
     work = place.scratch(block_task_name(spec))
     try:
-        result = _pack_block(spec, cfg, work, workers)
+        result = _pack_block(spec, cfg, work, workers, take)
         files = [listed_file(s) for s in result.shards]
         spill = work / spill_name(spec.block, spec.width)
         if result.tail_lengths.size:
@@ -120,7 +136,10 @@ def pack_block(spec: BlockSpec, cfg: PackConfig, place, workers: int) -> BlockRe
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    place.save(block_task_name(spec), files, encode_block(result))
+    record = encode_block(result)
+    if take is not None:
+        record["take"] = take.digest
+    place.save(block_task_name(spec), files, record)
     return result
 
 
@@ -166,7 +185,9 @@ def decode_block(d: dict) -> BlockResult:
     )
 
 
-def _pack_block(spec: BlockSpec, cfg: PackConfig, work: Path, workers: int) -> BlockResult:
+def _pack_block(
+    spec: BlockSpec, cfg: PackConfig, work: Path, workers: int, take: BlockTake | None
+) -> BlockResult:
     t0 = time.perf_counter()
     rejects = Rejects() if cfg.on_error == "skip" else None
     samples, src = block_samples(spec, cfg, rejects)
@@ -175,8 +196,9 @@ def _pack_block(spec: BlockSpec, cfg: PackConfig, work: Path, workers: int) -> B
         "has_labels": src.has_labels,
         "rejects": rejects.records if rejects else [],
     }
-    if samples is None:
-        stats = Stats(cfg.max_len, samples_in=spec.rows, **_rejected(rejects))
+    if samples is None or (take is not None and take.positions.size == 0):
+        dropped = 0 if samples is None or not take.counts_dropped else _over_dropped(samples, cfg)
+        stats = Stats(cfg.max_len, samples_in=spec.rows, dropped=dropped, **_rejected(rejects))
         empty = np.zeros(0, np.int64)
         return BlockResult(
             **common,
@@ -186,14 +208,15 @@ def _pack_block(spec: BlockSpec, cfg: PackConfig, work: Path, workers: int) -> B
             hist=(empty, empty.copy()),
             seconds=time.perf_counter() - t0,
         )
+    pos = take.positions if take is not None else np.arange(samples.num_samples)
     segs = resolve(
-        samples.lengths,
+        samples.lengths[pos],
         cfg.max_len,
         cfg.overlength,
-        starts=samples.offsets[:-1],
-        locate=samples.locate,
+        starts=samples.offsets[:-1][pos],
+        locate=lambda i: samples.locate(int(pos[i])),
     )
-    segs.sample = samples.index[segs.sample]
+    segs.sample = samples.index[pos][segs.sample]
     pl = plan(
         segs.length,
         cfg.max_len,
@@ -204,17 +227,30 @@ def _pack_block(spec: BlockSpec, cfg: PackConfig, work: Path, workers: int) -> B
     tail = tail_rows(pl, segs.length, cfg)
     full = order_rows(_keep_rows(pl, ~tail), cfg.row_order, cfg.seed, BLOCK, spec.block)
     tails = _keep_rows(pl, tail)
-    shards, spill = _write_block(spec, samples, segs, full, tails, cfg, work, workers)
+    files = SHARDS if take is None else with_source_column(SHARDS, take.bounds)
+    shards, spill = _write_block(spec, samples, segs, full, tails, cfg, work, workers, files)
     lengths, counts = np.unique(segs.length, return_counts=True)
+    stats = _block_stats(spec, samples, segs, full, shards, spill, rejects, cfg)
+    if take is not None:  # the chosen samples, repeats counted; `drop`'s own as in any run
+        dropped = _over_dropped(samples, cfg) if take.counts_dropped else 0
+        stats = replace(stats, samples_packed=int(pos.size), dropped=dropped)
     return BlockResult(
         **common,
-        stats=_block_stats(spec, samples, segs, full, shards, spill, rejects, cfg),
+        stats=stats,
         shards=shards,
         tail_lengths=spill,
         hist=(lengths.astype(np.int64), counts.astype(np.int64)),
         seconds=time.perf_counter() - t0,
         split_labels=split_points(samples, segs),
     )
+
+
+def _over_dropped(samples: Samples, cfg: PackConfig) -> int:
+    """Over-length samples `overlength` drop leaves out of the block (a mixture never chooses
+    them)."""
+    if cfg.overlength != "drop":
+        return 0
+    return int((samples.lengths > cfg.max_len).sum())
 
 
 def _rejected(rejects: Rejects | None) -> dict:
@@ -245,7 +281,9 @@ def _block_stats(spec, samples, segs, full, shards, spill, rejects, cfg: PackCon
     )
 
 
-def _write_block(spec: BlockSpec, samples, segs, full: Plan, tails: Plan, cfg, work, workers):
+def _write_block(
+    spec: BlockSpec, samples, segs, full: Plan, tails: Plan, cfg, work, workers, files=SHARDS
+):
     """Write the full rows as shards and spill the tail rows' segments into `work`:
     (shards, tail lengths)."""
     n_shards = -(-full.num_rows // cfg.rows_per_shard())
@@ -259,6 +297,7 @@ def _write_block(spec: BlockSpec, samples, segs, full: Plan, tails: Plan, cfg, w
         work,
         workers=workers,
         names=lambda i: f"{prefix}-{i:0{digits}d}.arrow",
+        files=files,
     )
     spill = _spill(samples, segs, tails.order, work / spill_name(spec.block, spec.width))
     return shards, spill

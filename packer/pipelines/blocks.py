@@ -10,6 +10,8 @@ Stages, each a plain function an engine runs where it likes (`packer.engines`):
    and Arrow from metadata; JSONL counts its non-blank lines, without parsing them). The driver
    numbers the samples globally from these counts, so `sample_index` means the same as with one
    plan.
+   A mixture (`packer.pipelines.mixture_blocks`) then reads every block's lengths and
+   chooses its samples once, for all blocks.
 2. `pack_block` (`packer.pipelines.block_task`), one per block: read, validate, plan, write the
    rows that are full enough as shards, spill the samples of the under-filled tail rows; only
    their lengths go back to the driver, with the block's `Stats` and length histogram.
@@ -37,6 +39,7 @@ from packer.engines import Engine
 from packer.errors import InputError, UsageError, option
 from packer.interrupts import interrupt_once
 from packer.pipelines import resume
+from packer.pipelines.block_inputs import check_labels, sources_of
 from packer.pipelines.block_tail import tail_task_name, tail_tasks, task_key, write_tail
 from packer.pipelines.block_task import (
     DECREASING,
@@ -53,7 +56,7 @@ from packer.planning.row_order import order_shards
 from packer.planning.strategies import martello_toth_bound
 from packer.read.assemble import counts_text
 from packer.read.blocks import BlockSpec, FileScan, scan_file
-from packer.read.samples import Rejects, SourceFile
+from packer.read.samples import Rejects
 from packer.storage.options import carried, carry_in
 from packer.version import __version__
 from packer.write import commit as output
@@ -77,13 +80,19 @@ def pack_blocks(
     t0: float,
     resume_run: bool = False,
     remote=None,
+    mixture=None,
+    held: list | None = None,
 ) -> PackResult:
     """Run the block pipeline on `engine` (opened by the caller); the atomic commit stays here.
 
     resume_run: adopt a dead run's temporary output and keep the tasks it finished
     (`packer.pipelines.resume`). remote: the output on a store (`packer.write.remote`): the
     tasks upload their files beside it and the driver builds only the manifest and the small
-    files in `out`, for `remote.commit` (`packer.pipelines.run_files`)."""
+    files in `out`, for `remote.commit` (`packer.pipelines.run_files`). mixture: a
+    `packer.pipelines.mixture_blocks.BlockMixture`: every block packs the samples the
+    mixture chose from it. held: build the output, manifest included, but leave it in its
+    temporary directory, appending (tmp, out, synced files) for the caller to commit (a
+    mixture's validation and training outputs are both built before either is committed)."""
     if cfg.block_size is None:
         cfg = replace(cfg, block_size=DEFAULT_BLOCK_SIZE)
     # the local engine runs the tasks here: their kernels load (or compile) in the background
@@ -104,6 +113,8 @@ def pack_blocks(
                 t0,
                 resume_run,
                 remote,
+                mixture,
+                held,
             )
         finally:
             if warming is not None:
@@ -111,13 +122,25 @@ def pack_blocks(
 
 
 def _pack_blocks(
-    engine, files, out, cfg, overwrite, progress, workers, budget, t0, resume_run, remote
+    engine,
+    files,
+    out,
+    cfg,
+    overwrite,
+    progress,
+    workers,
+    budget,
+    t0,
+    resume_run,
+    remote,
+    mixture,
+    held,
 ) -> PackResult:
     t = time.perf_counter()
     timings: dict[str, float] = {"engine_start": t - t0}
     scans, specs = _scan(engine, files, cfg, budget)
     timings["scan"] = time.perf_counter() - t
-    key = resume.run_key(cfg, scans)
+    key = resume.run_key(cfg, scans, mixture.key() if mixture is not None else None)
     if remote is None:
         tmp = resume.open_work(out, key, resume_run)
         place = LocalRun(str(tmp))
@@ -128,18 +151,27 @@ def _pack_blocks(
         place.start(key)
         t = time.perf_counter()
         worker_cpus = engine.task_workers(workers)
-        results, reused = _run_blocks(engine, specs, cfg, place, worker_cpus, budget, progress)
+        takes = None
+        if mixture is not None:  # the length pass, then one global choice
+            memory = block_memory(specs, budget, cfg.max_len)
+            takes = mixture.choose(engine, scans, specs, cfg, memory, progress)
+            timings["lengths"] = time.perf_counter() - t
+            t = time.perf_counter()
+        results, reused = _run_blocks(
+            engine, specs, cfg, place, worker_cpus, budget, progress, takes, mixture
+        )
         timings["blocks"] = time.perf_counter() - t
         t = time.perf_counter()
         if progress:
             progress("plan", 0, 0)
-        has_labels = _check_labels(specs, results, cfg.labels_column or None)
+        has_labels = _has_labels(specs, results, cfg, mixture)
         total, rejects, hist = _totals(results, cfg)
         width = specs[0].width if specs else 5
         tasks, tail_row_count, moved = tail_tasks(results, cfg, len(specs), width)
         if progress:
             progress("plan", 1, 1)
-        tail_entries, tails_reused = _run_tails(engine, tasks, cfg, place, worker_cpus)
+        bounds = mixture.bounds if mixture is not None else None
+        tail_entries, tails_reused = _run_tails(engine, tasks, cfg, place, worker_cpus, bounds)
         timings["tails"] = time.perf_counter() - t
         t = time.perf_counter()
         tail_shards = [e for es in tail_entries for e in es]
@@ -159,10 +191,11 @@ def _pack_blocks(
             lower_bound_l2=martello_toth_bound(hist, cfg.max_len) if hist is not None else None,
             global_rows=_global_rows(hist, cfg),
         ).as_dict()
-        sources = _sources_of(scans, specs, results, has_labels)
+        sources = sources_of(scans, specs, results, has_labels)
         if remote is not None:
             remote.on_store.update(s["file"] for s in shards)
-        _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite)
+        extra = mixture.manifest() if mixture is not None else {}
+        _commit(tmp, out, cfg, sources, results, stats, shards, rejects, overwrite, extra, held)
         timings["commit"] = time.perf_counter() - t
     seconds = [r.seconds for r in results]
     timings["block_task_median"] = float(np.median(seconds)) if seconds else 0.0
@@ -176,6 +209,7 @@ def _pack_blocks(
         engine=cfg.engine,
         tasks_reused=reused + tails_reused,
         tasks_run=len(specs) + len(tasks) - reused - tails_reused,
+        mixture=mixture.report if mixture is not None else None,
     )
 
 
@@ -210,14 +244,24 @@ def _discarded_on_failure(remote) -> Iterator[None]:
 
 
 def _run_blocks(
-    engine: Engine, specs, cfg: PackConfig, place, worker_cpus: int, budget: int, progress
+    engine: Engine,
+    specs,
+    cfg: PackConfig,
+    place,
+    worker_cpus: int,
+    budget: int,
+    progress,
+    takes=None,
+    mixture=None,
 ) -> tuple[list[BlockResult], int]:
     """Stage 2: one `pack_block` task per block without a sound completion record, reporting
-    the bytes read as blocks finish: (every block's result, how many were kept)."""
+    the bytes read as blocks finish: (every block's result, how many were kept). `takes`: a
+    mixture's choice from every block (a kept record must name the same)."""
     total_bytes = sum(s.nbytes for s in specs) or 1
     records = place.kept([block_task_name(s) for s in specs])
+    takes = takes if takes is not None else [None] * len(specs)
     results: list[BlockResult | None] = [
-        _kept_block(records.get(block_task_name(s)), s) for s in specs
+        _kept_block(records.get(block_task_name(s)), s, take) for s, take in zip(specs, takes)
     ]
     todo = [k for k, r in enumerate(results) if r is None]
     done = [sum(s.nbytes for s, r in zip(specs, results) if r is not None)]
@@ -229,9 +273,10 @@ def _run_blocks(
 
     if progress:
         progress("read", done[0], total_bytes)
+    cfgs = [mixture.block_cfg(s, cfg) if mixture is not None else cfg for s in specs]
     ran = engine.map(
         pack_block,
-        [(specs[k], cfg, place, worker_cpus) for k in todo],
+        [(specs[k], cfgs[k], place, worker_cpus, takes[k]) for k in todo],
         on_done=on_block,
         memory=block_memory(specs, budget, cfg.max_len),
     )
@@ -240,9 +285,11 @@ def _run_blocks(
     return results, len(specs) - len(todo)
 
 
-def _kept_block(record: dict | None, spec: BlockSpec) -> BlockResult | None:
+def _kept_block(record: dict | None, spec: BlockSpec, take=None) -> BlockResult | None:
     """A block's result from its completion record, or None when it must run."""
     if record is None or record.get("block") != spec.block or record.get("version") != __version__:
+        return None
+    if record.get("take") != (take.digest if take is not None else None):
         return None
     try:
         return decode_block(record)
@@ -250,7 +297,7 @@ def _kept_block(record: dict | None, spec: BlockSpec) -> BlockResult | None:
         return None
 
 
-def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int):
+def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int, bounds=None):
     """Stage 3: one `write_tail` task per tail shard without a sound completion record:
     (every task's shard entries, how many were kept)."""
     entries: list[list[dict] | None] = []
@@ -260,14 +307,17 @@ def _run_tails(engine: Engine, tasks, cfg: PackConfig, place, worker_cpus: int):
         keep = record is not None and record.get("key") == task_key(task)
         entries.append(record["shards"] if keep else None)
     todo = [k for k, e in enumerate(entries) if e is None]
-    ran = engine.map(write_tail, [(tasks[k], cfg, place, worker_cpus) for k in todo])
+    ran = engine.map(write_tail, [(tasks[k], cfg, place, worker_cpus, bounds) for k in todo])
     for k, e in zip(todo, ran):
         entries[k] = e
     return entries, len(tasks) - len(todo)
 
 
-def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite):
-    """rejects.jsonl, split_labels.jsonl and the manifest, then the atomic commit."""
+def _commit(
+    tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects, overwrite, extra, held
+):
+    """rejects.jsonl, split_labels.jsonl and the manifest (with `extra`'s entries), then the
+    atomic commit (left to the caller with `held`)."""
     entry = None
     if cfg.on_error == "skip":
         entry = write_rejects(
@@ -285,9 +335,15 @@ def _commit(tmp: Path, out: Path, cfg, sources, results, stats, shards, rejects,
         entry,
         split_labels=split_labels,
     )
+    manifest.update(extra)
     # every shard was flushed by `write_shards` before its task's completion record was
     # written (a kept record: by the killed run's task): the commit flushes the rest
-    output.finish(tmp, out, manifest, overwrite, synced=[s["file"] for s in shards])
+    synced = [s["file"] for s in shards]
+    if held is not None:
+        output.write_manifest(tmp, manifest)
+        held.append((tmp, out, synced))
+        return
+    output.finish(tmp, out, manifest, overwrite, synced=synced)
 
 
 def scan_task(settings: dict, *args) -> FileScan:
@@ -335,24 +391,15 @@ def _check_memory(specs: list[BlockSpec], budget: int) -> None:
             )
 
 
-def _check_labels(specs: list[BlockSpec], results: list[BlockResult], labels_column) -> bool:
-    """Every block with samples must agree with the first on having labels."""
-    seen = [(s, r) for s, r in zip(specs, results) if r.rows and r.samples]
-    if not seen:
-        return False
-    s0, r0 = seen[0]
-    for s, r in seen[1:]:
-        if r.has_labels != r0.has_labels:
-            (w, _), (wo, _) = ((s, r), (s0, r0)) if r.has_labels else ((s0, r0), (s, r))
-            if w.path == wo.path:
-                raise InputError(
-                    f"mixed schemas: {w.path} has a '{labels_column}' column in some blocks "
-                    "and not in others"
-                )
-            raise InputError(
-                f"mixed schemas: {w.path} has a '{labels_column}' column and {wo.path} does not"
-            )
-    return r0.has_labels
+def _has_labels(specs: list[BlockSpec], results, cfg: PackConfig, mixture) -> bool:
+    """Whether the output's samples have labels: the files must agree, or with a mixture the
+    files of each source (sources may differ: one without labels trains its tokens)."""
+    groups = mixture.source_blocks(specs) if mixture is not None else [range(len(specs))]
+    checked = [
+        check_labels([specs[k] for k in g], [results[k] for k in g], cfg.labels_column or None)
+        for g in groups
+    ]
+    return any(checked)
 
 
 def _global_rows(hist: np.ndarray | None, cfg: PackConfig) -> int | None:
@@ -389,28 +436,3 @@ def _totals(results: list[BlockResult], cfg: PackConfig):
         for r in results:
             np.add.at(hist, r.hist[0], r.hist[1])
     return total, rejects, hist
-
-
-def _sources_of(scans, specs, results, has_labels: bool) -> list[SourceFile]:
-    sources = []
-    first = 0
-    by_file: dict[int, list[tuple[BlockSpec, BlockResult]]] = {}
-    for s, r in zip(specs, results):
-        by_file.setdefault(s.file, []).append((s, r))
-    for i, scan in enumerate(scans):
-        parts = by_file.get(i, [])
-        n = sum(r.rows for _, r in parts)
-        sources.append(
-            SourceFile(
-                path=Path(scan.path),
-                format=scan.format,
-                num_samples=n,
-                first_index=first,
-                size=scan.size,
-                fingerprint=scan.fingerprint,
-                has_labels=has_labels and any(r.has_labels for _, r in parts),
-                rejected=sum(len(r.rejects) for _, r in parts),
-            )
-        )
-        first += n
-    return sources

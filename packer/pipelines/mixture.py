@@ -49,18 +49,18 @@ from packer.write.source_column import with_source_column
 def check_mixture_run(cfg: PackConfig, out, *, repack: bool, resume: bool, mixing: bool) -> None:
     """What a mixture or a validation split cannot run with, refused before any work."""
     what = option("mix") if mixing else option("validation_split")
+    blocks = cfg.block_size is not None or cfg.engine != "local"
     for flag, on in (
         (option("repack=True", "--repack"), repack),
-        (option("resume=True", "--resume"), resume),
         (option("pairs"), cfg.pairs),
-        (option("block_size"), cfg.block_size is not None),
-        (option("engine") + " ray", cfg.engine != "local"),
     ):
         if on:
-            raise UsageError(
-                f"{what} runs on the local engine with one global plan; it cannot be used "
-                f"with {flag}"
-            )
+            raise UsageError(f"{what} packs samples; it cannot be used with {flag}")
+    if resume and not blocks:
+        raise UsageError(
+            f"{option('resume=True', '--resume')} picks up block runs: pass "
+            f"{option('block_size')} or {option('engine')} ray"
+        )
     if is_url(str(out)):
         raise UsageError(
             f"{what} writes local outputs; pack to a directory, then copy it", where=str(out)

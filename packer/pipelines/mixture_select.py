@@ -184,8 +184,23 @@ def plan_mixture(
         kept.append(start + keep)
         lengths.append(packed)
         dropped += n_dropped
+    return choose_samples(kept, lengths, dropped, weights, cfg, mix_tokens, validation_split)
+
+
+def choose_samples(
+    kept: list[np.ndarray],
+    lengths: list[np.ndarray],
+    dropped: int,
+    weights: list[float],
+    cfg: PackConfig,
+    mix_tokens: int | None,
+    validation_split,
+) -> MixturePlan:
+    """Split (optional) and mix the sources from their packable samples alone: `kept[i]` the
+    positions of source i's samples that can be packed, `lengths[i]` their lengths as packed.
+    The one-plan and the block pipelines both choose here, so they choose alike."""
     validation = None
-    held, held_tokens = [0] * len(ranges), [0] * len(ranges)
+    held, held_tokens = [0] * len(kept), [0] * len(kept)
     if validation_split is not None:
         split = split_validation(lengths, validation_split, seed=cfg.seed)
         held = [int(v.size) for v in split.validation]
@@ -193,12 +208,12 @@ def plan_mixture(
         vpos = [k[v] for k, v in zip(kept, split.validation)]
         validation = Selection(
             positions=np.concatenate(vpos),
-            source=np.repeat(np.arange(len(ranges), dtype=np.int32), held),
+            source=np.repeat(np.arange(len(kept), dtype=np.int32), held),
         )
         kept = [k[t] for k, t in zip(kept, split.train)]
         lengths = [x[t] for x, t in zip(lengths, split.train)]
     available = [int(k.size) for k in kept]
-    if len(ranges) == 1 and mix_tokens is None:  # no mixture: every sample once, input order
+    if len(kept) == 1 and mix_tokens is None:  # no mixture: every sample once, input order
         train = Selection(kept[0], np.zeros(kept[0].size, np.int32), dropped)
         tokens = [int(lengths[0].sum())]
         return MixturePlan(

@@ -216,12 +216,37 @@ def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, m
 
     memory_budget, out_of_core, repack, resume, t0 = more
     mixing = args[0] is not None or args[1] is not None
+    mix, mix_tokens, split, split_output = args
     check_mixture_run(cfg, str(output_dir), repack=repack, resume=resume, mixing=mixing)
     out = Path(output_dir)
     if out_of_core is not None:
         raise UsageError(f"{option('out_of_core')} is for one-plan sample runs, not mixtures")
+    if resume and not overwrite and (out / MANIFEST).is_file():
+        raise _complete(str(out))
     output.check_target(out, overwrite)
-    mix, mix_tokens, split, split_output = args
+    if cfg.block_size is not None or cfg.engine != "local":
+        from packer.pipelines.mixture_blocks import pack_mixture_blocks
+
+        if mix_tokens is not None and mix is None:
+            raise UsageError(
+                f"{option('mix_tokens', '--mix-tokens')} sizes a mixture: pass {option('mix')}"
+            )
+        with reporting(progress), named_errors():
+            return pack_mixture_blocks(
+                inputs,
+                out,
+                cfg,
+                mix=mix,
+                mix_tokens=mix_tokens,
+                validation_split=split,
+                validation_output=split_output,
+                overwrite=overwrite,
+                progress=progress,
+                workers=workers,
+                memory_budget=memory_budget,
+                resume=resume,
+                t0=t0,
+            )
     with reporting(progress), named_errors():
         return pack_mixture(
             inputs,

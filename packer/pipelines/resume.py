@@ -142,11 +142,12 @@ def records_dir(tmp: Path) -> Path:
     return tmp / _WORK / RECORDS
 
 
-def run_key(cfg: PackConfig, scans) -> dict:
-    """What a resumed run must share with the killed one: packer, configuration, inputs."""
+def run_key(cfg: PackConfig, scans, mixture: dict | None = None) -> dict:
+    """What a resumed run must share with the killed one: packer, configuration, inputs;
+    `mixture`'s entries (the sources and weights, the size, the split) count as configuration."""
     return {
         "packer": __version__,
-        "config": cfg.to_dict(),
+        "config": {**cfg.to_dict(), **(mixture or {})},
         "inputs": [
             {**input_identity(scan.path, scan.size), "fingerprint": scan.fingerprint}
             for scan in scans
