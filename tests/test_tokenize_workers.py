@@ -9,10 +9,12 @@ subprocess timeout: a hang fails the test instead of stalling the suite.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,7 +74,12 @@ def test_a_worker_killed_from_outside_ends_the_run_in_one_line(tokenizer, tmp_pa
     raw = write_raw(tmp_path / "raw.jsonl", 12 * ROWS, seed=4)
     cmd = [sys.executable, "-m", "packer", "tokenize", str(raw), "--tokenizer", str(tokenizer)]
     cmd += ["-o", str(tmp_path / "out"), "--workers", "2"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=_env(tmp_path))
+    proc = subprocess.Popen(
+        cmd, stderr=subprocess.PIPE, text=True, env=_env(tmp_path), start_new_session=True
+    )
+    # a run that hangs is killed with its workers (they hold stderr open): the test fails
+    watchdog = threading.Timer(90, os.killpg, (proc.pid, signal.SIGKILL))
+    watchdog.start()
     try:
         for line in proc.stderr:
             if line.startswith("progress: tokenizing"):
@@ -81,11 +88,12 @@ def test_a_worker_killed_from_outside_ends_the_run_in_one_line(tokenizer, tmp_pa
                 os.kill(workers[0], signal.SIGKILL)
                 break
         rest = proc.stderr.read()
-        assert proc.wait(timeout=60) == 1, rest
+        assert proc.wait(timeout=10) == 1, rest
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        watchdog.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     lines = [line for line in rest.splitlines() if not line.startswith("progress:")]
     assert len(lines) == 1, rest
     assert f"a tokenize worker (pid {workers[0]}) was killed by SIGKILL" in lines[0], rest
