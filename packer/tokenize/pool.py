@@ -29,8 +29,13 @@ class WorkerDied(PackerError):
     """A worker process ended while the run needed it (killed, out of memory, crashed)."""
 
 
-def _serve(conn, fn: Callable, initializer: Callable, initargs: tuple) -> None:
-    """A worker: build its state once, then run each task it is sent until told to stop."""
+def _serve(conn, fn: Callable, initializer: Callable, initargs: tuple, inherited=()) -> None:
+    """A worker: build its state once, then run each task it is sent until told to stop.
+
+    inherited: the driver's ends of the pipes, which a forked worker holds copies of; closed,
+    so that when the driver dies (even by SIGKILL) this worker's pipe reads EOF and it ends."""
+    for end in inherited:
+        end.close()
     try:
         initializer(*initargs)
     except BaseException as exc:
@@ -81,8 +86,10 @@ class WorkerPool:
         try:
             for _ in range(n):
                 mine, theirs = context.Pipe()
+                forked = context.get_start_method() == "fork"
+                inherited = [*self.conns, mine] if forked else []
                 process = context.Process(
-                    target=_serve, args=(theirs, fn, initializer, initargs), daemon=True
+                    target=_serve, args=(theirs, fn, initializer, initargs, inherited), daemon=True
                 )
                 process.start()
                 theirs.close()  # the worker holds the only other end: its death reads as EOF
