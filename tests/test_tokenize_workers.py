@@ -99,3 +99,29 @@ def test_a_worker_killed_from_outside_ends_the_run_in_one_line(tokenizer, tmp_pa
     assert f"a tokenize worker (pid {workers[0]}) was killed by SIGKILL" in lines[0], rest
     time.sleep(0.5)
     assert _leftovers(tmp_path) == []
+
+
+SPAWNED = """
+import sys, threading
+from packer.tokenize.encode import Encoder
+from packer.tokenize.pool import WorkerDied
+from packer.tokenize.run import tokenize
+
+stop = threading.Event()
+threading.Thread(target=stop.wait, daemon=True).start()  # a thread: workers are spawned
+try:
+    tokenize(sys.argv[1], sys.argv[2], Encoder(sys.argv[3]), workers=2)
+except WorkerDied as exc:
+    print(type(exc).__name__, exc.exit_code, exc)
+"""
+
+
+def test_a_spawned_worker_that_dies_raises_worker_died_from_the_library(tokenizer, tmp_path):
+    raw = write_raw(tmp_path / "raw.jsonl", 2 * ROWS + 10, seed=5)
+    cmd = [sys.executable, "-c", SPAWNED, str(raw), str(tmp_path / "out"), str(tokenizer)]
+    env = _env(tmp_path, PACKER_FAULT_KILL_WORKER_AT="1")
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("WorkerDied 1 a tokenize worker (pid "), res.stdout
+    assert f"while it tokenized {raw}:{ROWS + 1}-{2 * ROWS}" in res.stdout, res.stdout
+    assert _leftovers(tmp_path) == []
