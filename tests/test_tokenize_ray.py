@@ -51,9 +51,14 @@ def test_ray_tokenizes_to_the_local_shards_and_packed_bytes(
     assert local.returncode == 0, local.stderr
 
     monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "c2"))
+    inits = []  # the tokenize tasks and the block tasks run in one Ray session
+    monkeypatch.setattr(
+        ray, "init", lambda *a, _init=ray.init, **k: inits.append(1) or _init(*a, **k)
+    )
     on_ray = cli(*args, "-o", tmp_path / "ray", "--engine", "ray", "--ray-address", cluster)
     assert on_ray.exit_code == 0, on_ray.stderr
     assert "on ray tasks" in on_ray.stderr
+    assert len(inits) == 1 and not ray.is_initialized()
     assert digests(tmp_path / "ray", "shard-*") == digests(tmp_path / "local", "shard-*")
     tokenized = digests(tmp_path / "c2", "tokenized/*/part-*")
     assert tokenized == digests(tmp_path / "c1", "tokenized/*/part-*") and len(tokenized) == 3

@@ -4,8 +4,8 @@ encoder they describe, the tokenizing progress and summary, and pack's tokenize 
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from packer.errors import InputError, UsageError, count
@@ -138,11 +138,14 @@ def tokenize_progress(enabled: bool):
 @dataclass
 class RawPack:
     """`pack RAW --tokenizer`: the tokenized cache entries pack reads instead of RAW, and the
-    mixture options rewritten to name them."""
+    mixture options rewritten to name them. `session` holds the engine the batches were
+    tokenized on (a Ray session) open until the pack is done: the pack runs on it, and Ray
+    starts once (`raw_source` closes it)."""
 
     inputs: list[str]
     source: dict
     mixing: dict
+    session: ExitStack = field(default_factory=ExitStack)
 
 
 def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPack | None:
@@ -169,13 +172,25 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
         flag = "--repack" if repack else "--pairs"
         raise UsageError(f"--tokenizer cannot be used with {flag}: INPUT would hold token ids")
     from packer import arguments as A
-    from packer.tokenize.cache import describe_source, local_tokenizer_key
+    from packer.tokenize.cache import local_tokenizer_key
 
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
     key = local_tokenizer_key(tokenizer, chat_template, train_on)
+    with ExitStack() as session:
+        runner = session.enter_context(_runner(cfg, params.get("workers")))
 
-    def tokenized(raw_inputs):
-        return _tokenized(raw_inputs, output, cfg, {**params, "train_on": train_on}, key, resume)
+        def tokenized(raw_inputs):
+            args = {**params, "train_on": train_on}
+            return _tokenized(raw_inputs, output, cfg, args, key, resume, runner)
+
+        raw = _tokenize_sources(inputs, mixing, tokenized)
+        raw.session = session.pop_all()  # kept open for the pack
+    return raw
+
+
+def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
+    """Pack's raw INPUT, or each raw source of --mix, tokenized."""
+    from packer.tokenize.cache import describe_source
 
     if "mix" not in mixing:
         result = tokenized(inputs)
@@ -210,15 +225,16 @@ def _raw_mix(mix) -> list[tuple[str, float]]:
     return pairs
 
 
-def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool):
-    """One raw source tokenized through the cache, its summary said (not with --json)."""
+def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool, runner):
+    """One raw source tokenized through the cache (on `runner`: None for this machine's worker
+    processes), its summary said (not with --json)."""
     from packer.storage import is_url
     from packer.tokenize.cache import tokenized_input
 
     names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
     tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
     skip = output if is_url(output) else Path(output)
-    with tokenize_progress(not json_out) as progress, _runner(cfg, workers) as runner:
+    with tokenize_progress(not json_out) as progress:
         result = tokenized_input(
             inputs,
             lambda: make_encoder(tokenizer, chat_template, train_on, False),
@@ -279,7 +295,7 @@ def raw_source(raw: RawPack | None):
         return
     from packer.tokenize.source import packing_raw
 
-    with packing_raw(raw.source):
+    with raw.session, packing_raw(raw.source):
         yield
 
 

@@ -14,13 +14,13 @@ same inputs and configuration, the directory is renamed to this run's own name a
 with a sound record is kept; otherwise the run is refused in one line naming what changed.
 Without `--resume` a dead run's leftovers are removed, as `packer.write.commit` always did.
 
-The file operations are the few small functions below (`write_record`, `read_record`,
-`file_entry`, `intact`, `input_identity`, `dead_runs`), the only places that touch storage.
+The file operations are the few small functions below (`write_record`, `file_entry`, `intact`,
+`input_identity`) and those shared with a tokenize run's `--resume` (`packer.storage.run_records`),
+the only places that touch storage.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from pathlib import Path
@@ -29,8 +29,8 @@ from packer import hashing, storage
 from packer.config import PackConfig
 from packer.contract.names import BLOCK_WORK, TMP_MARK
 from packer.errors import OutputError, UsageError, option
-from packer.storage import names
-from packer.storage.local import pid_alive
+from packer.storage import names, run_records
+from packer.storage.run_records import changed_inputs, dead_runs, kill_at, read_record
 from packer.version import __version__
 from packer.write import commit as output
 
@@ -43,24 +43,9 @@ RUN = "run.json"
 
 
 def write_record(path: Path, record: dict) -> None:
-    """Write a record whole or not at all: a private name, flushed, then renamed into place."""
-    part = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.part"
-    with open(part, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(part, path)
+    """Write a record whole or not at all (`packer.storage.run_records`)."""
+    run_records.write_record(path, record)
     _fault_point(path.parent)
-
-
-def read_record(path: Path) -> dict | None:
-    """A record, or None when it is missing or unreadable (never half a record)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def file_entry(path: Path, algorithm: str) -> dict:
@@ -106,30 +91,6 @@ def input_identity(path: str, size: int) -> dict:
     st = os.stat(path)
     resolved = os.path.realpath(path)
     return {"path": path, "resolved": resolved, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def dead_runs(out: Path) -> list[Path]:
-    """The temporary outputs of runs to `out` whose process is gone, newest first."""
-    prefix = f".{out.name}{TMP_MARK}"
-    try:
-        entries = list(out.parent.iterdir())
-    except FileNotFoundError:
-        return []
-    found = []
-    for entry in entries:
-        if not entry.name.startswith(prefix):
-            continue
-        pid_text = entry.name[len(prefix) :].split("-", 1)[0]
-        if pid_text.isdigit() and not pid_alive(int(pid_text)):
-            found.append(entry)
-    return sorted(found, key=_mtime, reverse=True)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return (path / _WORK / RUN).stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,7 +156,7 @@ def open_work(out: Path, key: dict, resume: bool) -> Path:
     other leftovers are removed. Without it, or when nothing was left, a fresh directory."""
     adopted = None
     if resume:
-        for dead in dead_runs(out):
+        for dead in dead_runs(out, TMP_MARK, f"{_WORK}/{RUN}"):
             old = read_record(dead / _WORK / RUN)
             if old is None:
                 continue
@@ -233,26 +194,9 @@ def changed(old: dict, new: dict) -> str | None:
     """What differs between the killed run's key and this one's, in words; None when alike."""
     if old.get("packer") != new["packer"]:
         return f"packer changed ({old.get('packer')} -> {new['packer']})"
-    old_inputs = {_same(i): i for i in old.get("inputs", []) if isinstance(i, dict)}
-    new_inputs = {_same(i): i for i in new["inputs"]}
-    for same, now in new_inputs.items():
-        if same not in old_inputs:
-            return f"the input {now['path']} was added"
-    for same, before in old_inputs.items():
-        if same not in new_inputs:
-            return f"the input {before.get('path')} is gone"
-    for same, now in new_inputs.items():
-        before, path = old_inputs[same], now["path"]
-        if before.get("size") != now["size"]:
-            return f"the input {path} changed (size {before.get('size')} -> {now['size']})"
-        if before.get("etag") != now.get("etag"):
-            return f"the input {path} changed (ETag {before.get('etag')} -> {now.get('etag')})"
-        if before.get("mtime_ns") != now["mtime_ns"] or before.get("fingerprint") != now.get(
-            "fingerprint"
-        ):
-            return f"the input {path} changed (modified)"
-    if list(old_inputs) != list(new_inputs):
-        return "the inputs are in another order"
+    what = changed_inputs(old.get("inputs", []), new["inputs"])
+    if what is not None:
+        return what
     old_cfg, new_cfg = old.get("config", {}), new["config"]
     for name in sorted(set(old_cfg) | set(new_cfg)):
         if old_cfg.get(name) != new_cfg.get(name):
@@ -263,11 +207,6 @@ def changed(old: dict, new: dict) -> str | None:
     return None
 
 
-def _same(entry: dict):
-    """What identifies an input across spellings (records written before `resolved`: the path)."""
-    return entry.get("resolved") or entry.get("path")
-
-
 def _shown(value) -> str:
     return "not set" if value is None else str(value)
 
@@ -275,10 +214,6 @@ def _shown(value) -> str:
 def _fault_point(records: Path) -> None:
     """Fault injection for tests: with PACKER_FAULT_KILL_AT_RECORDS=N set, the process that
     writes the N-th completion record kills itself (SIGKILL) right after it."""
-    at = os.environ.get("PACKER_FAULT_KILL_AT_RECORDS")
-    if not at or records.name != RECORDS:
-        return
-    if sum(1 for p in records.iterdir() if p.suffix == ".json") >= int(at):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
+    if records.name == RECORDS:  # counted only when the variable is set
+        written = lambda: sum(1 for p in records.iterdir() if p.suffix == ".json")  # noqa: E731
+        kill_at("PACKER_FAULT_KILL_AT_RECORDS", written)

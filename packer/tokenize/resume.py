@@ -15,12 +15,11 @@ depend on the run, so the output is an uninterrupted run's. `.done` is removed b
 output is placed.
 
 The same layout as the block pipeline's `--resume` (`packer.pipelines.resume`), for the unit
-a tokenize run has: the batch.
+a tokenize run has: the batch; the two share their record files (`packer.storage.run_records`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import uuid
@@ -31,7 +30,13 @@ from packer import hashing
 from packer.contract.names import TMP_MARK
 from packer.errors import OutputError, UsageError, option
 from packer.interrupts import begin_output
-from packer.storage.local import pid_alive
+from packer.storage.run_records import (
+    dead_runs,
+    input_change,
+    kill_at,
+    read_record,
+    write_record,
+)
 from packer.tokenize import output as out_dir
 from packer.tokenize.worker import BatchDone
 
@@ -74,14 +79,14 @@ def open_run(target: Path, key: dict, resume: bool) -> tuple[Path, int]:
         out_dir._remove_stale(target)  # other dead runs' leftovers
     records = tmp / RECORDS
     records.mkdir(exist_ok=True)
-    _write(records / RUN, key)
+    write_record(records / RUN, key)
     kept = sum(1 for p in records.glob("part-*.json"))
     return tmp, kept
 
 
 def _adopt(target: Path, key: dict) -> Path | None:
-    for dead in _dead_runs(target):
-        old = _read(dead / RECORDS / RUN)
+    for dead in dead_runs(target, TMP_MARK, f"{RECORDS}/{RUN}"):
+        old = read_record(dead / RECORDS / RUN)
         if old is None:
             continue
         what = _changed(old, key)
@@ -105,21 +110,6 @@ def _adopt(target: Path, key: dict) -> Path | None:
     return None
 
 
-def _dead_runs(target: Path) -> list[Path]:
-    """Temporary outputs of runs to `target` whose process is gone, newest first."""
-    prefix = f".{target.name}{TMP_MARK}"
-    try:
-        entries = list(target.parent.iterdir())
-    except FileNotFoundError:
-        return []
-    found = []
-    for entry in entries:
-        pid = entry.name[len(prefix) :].split("-", 1)[0] if entry.name.startswith(prefix) else ""
-        if pid.isdigit() and not pid_alive(int(pid)) and (entry / RECORDS / RUN).is_file():
-            found.append(entry)
-    return sorted(found, key=lambda p: (p / RECORDS / RUN).stat().st_mtime, reverse=True)
-
-
 def _changed(old: dict, new: dict) -> str | None:
     """What differs between two run records, in words; None when alike."""
     words = {
@@ -136,15 +126,13 @@ def _changed(old: dict, new: dict) -> str | None:
     old_inputs = old.get("inputs") or []
     if [i.get("path") for i in old_inputs] != [i["path"] for i in new["inputs"]]:
         return "the inputs changed"
-    for before, now in zip(old_inputs, new["inputs"]):
-        if before != now:
-            return f"the input {now['path']} changed"
-    return None
+    difference = input_change(old_inputs, new["inputs"])  # the same inputs in the same order
+    return None if difference is None else f"the input {difference[2]['path']} changed"
 
 
 def kept_batch(tmp: Path, shard: str) -> BatchDone | None:
     """The batch's result from its record, when the record and its shard are sound."""
-    record = _read(tmp / RECORDS / shard.replace(".parquet", ".json"))
+    record = read_record(tmp / RECORDS / shard.replace(".parquet", ".json"))
     if record is None:
         return None
     try:
@@ -176,7 +164,7 @@ def save_batch(tmp: Path, done: BatchDone, driver: bool = True) -> None:
             hashing.DEFAULT: hashing.file_digest(path),
         }
     name = shard_name(done.file_index, done.batch_index).replace(".parquet", ".json")
-    _write(tmp / RECORDS / name, {"done": asdict(done), "shard": entry})
+    write_record(tmp / RECORDS / name, {"done": asdict(done), "shard": entry})
     if driver:
         fault_point(tmp)
 
@@ -186,29 +174,10 @@ def drop_records(tmp: Path) -> None:
     shutil.rmtree(tmp / RECORDS, ignore_errors=True)
 
 
-def _write(path: Path, record: dict) -> None:
-    part = path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.part"
-    with open(part, "w", encoding="utf-8") as fh:
-        json.dump(record, fh, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(part, path)
-
-
-def _read(path: Path) -> dict | None:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def fault_point(tmp: Path) -> None:
     """Fault injection for tests: with PACKER_FAULT_KILL_AT_TOKENIZED=N set, the driver kills
     itself (SIGKILL) once N batch records are written, as it takes a finished batch."""
-    at = os.environ.get("PACKER_FAULT_KILL_AT_TOKENIZED")
-    if at and sum(1 for _ in (tmp / RECORDS).glob("part-*.json")) >= int(at):
-        import signal
-
-        os.kill(os.getpid(), signal.SIGKILL)
+    kill_at(
+        "PACKER_FAULT_KILL_AT_TOKENIZED",
+        lambda: sum(1 for _ in (tmp / RECORDS).glob("part-*.json")),
+    )

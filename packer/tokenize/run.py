@@ -6,7 +6,9 @@ worker processes, each with its own encoder, each writing its batch's shard
 and batches are cut by rows and bytes only: the output is the same bytes for any `workers`.
 At most a few batches per worker are in flight, so memory does not grow with the input. The
 output is built in a hidden temporary directory and renamed into place when complete
-(`packer.tokenize.output`); Ctrl-C or SIGTERM stops the workers and leaves nothing.
+(`packer.tokenize.output`); Ctrl-C or SIGTERM stops the workers and leaves nothing, and so
+does a worker that dies (killed, out of memory): one line names the batch it held
+(`packer.tokenize.pool`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from packer.tokenize import output as out_dir
 from packer.tokenize import resume as resume_
 from packer.tokenize.files import BATCH_BYTES, BATCH_ROWS, RawFile, raw_inputs, read_batches
 from packer.tokenize.output import shard_name
+from packer.tokenize.pool import WorkerPool
 from packer.tokenize.worker import BatchDone, init_worker, setup, tokenize_batch
 from packer.workers import available
 from packer.workers import configure as configure_workers
@@ -249,25 +252,31 @@ def tokenize_batches(
             add(kept, False) if kept is not None else add(tokenize_batch(batch, str(tmp)))
         return result
     with _worker_start(encoder) as (context, first):
-        pool = context.Pool(n, initializer=init_worker, initargs=(first, columns, on_error))
+        pool = WorkerPool(context, n, tokenize_batch, init_worker, (first, columns, on_error))
     try:
-        pending: deque = deque()  # a kept batch's result, or a running one's AsyncResult
+        pending: deque = deque()  # a kept batch's result, or a running one's ticket
         for batch, kept in items:
-            pending.append(kept or pool.apply_async(tokenize_batch, (batch, str(tmp))))
+            pending.append(kept or pool.submit((batch, str(tmp)), _place(batch)))
             while len(pending) >= IN_FLIGHT * n:
-                _add_next(pending, add)
+                _add_next(pending, pool, add)
         while pending:
-            _add_next(pending, add)
+            _add_next(pending, pool, add)
         pool.close()
     finally:
         pool.terminate()  # stops the workers at once on an error or an interrupt
-        pool.join()
     return result
 
 
-def _add_next(pending: deque, add) -> None:
+def _add_next(pending: deque, pool: WorkerPool, add) -> None:
     item = pending.popleft()
-    add(item, False) if isinstance(item, BatchDone) else add(_wait(item))
+    add(item, False) if isinstance(item, BatchDone) else add(pool.result(item))
+
+
+def _place(batch) -> str:
+    """Where a batch's rows are: `raw.jsonl:1025-2048`, `raw.parquet:rows 1-1024`."""
+    first, last = batch.lines[0], batch.lines[-1]
+    rows = "rows " if batch.columnar else ""
+    return f"{batch.shown}:{rows}{first}-{last}" if last != first else batch.where(0)
 
 
 def _with_kept(batches: Iterable, tmp: Path) -> Iterator[tuple]:
@@ -333,13 +342,6 @@ def _without_main() -> Iterator[None]:
     finally:
         for key, value in saved.items():
             setattr(main, key, value)
-
-
-def _wait(pending) -> BatchDone:
-    """A batch's result; waits in short steps so that Ctrl-C and SIGTERM stop the driver."""
-    while not pending.ready():
-        pending.wait(0.1)
-    return pending.get()
 
 
 def _column_names(columns) -> list[str]:
