@@ -271,6 +271,61 @@ def test_a_killed_mixture_resumes_to_the_same_bytes(sources, block_run, tmp_path
     assert leftovers(out) == []
 
 
+def kill_after_validation_commit(sources, out: Path, *extra: str) -> None:
+    """A block mixture with a split, killed once its validation output is committed and
+    before its training output is (the fault hook pauses at each commit point)."""
+    args = mix_args(sources, out)[1:]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer.cli", "pack", *args, *extra, "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PACKER_FAULT_COMMIT_PAUSE": "3"},
+    )
+    try:
+        for line in proc.stderr:
+            if line.strip() == "packer-fault: commit done":  # the validation output's
+                proc.kill()
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_resume_after_the_validation_output_was_committed_finishes_the_run(sources, tmp_path):
+    """Killed between the two commits of a split: --resume keeps the validation output this
+    run made and commits the training output, the bytes of an uninterrupted run; a resume
+    whose validation output would differ is refused in one line naming --overwrite."""
+    args = ("--block-size", BLOCK, "--validation-split", "0.05")
+    clean = tmp_path / "clean"
+    assert pack_process(sources, clean, *args).returncode == 0
+    out = tmp_path / "out"
+    kill_after_validation_commit(sources, out, *args)
+    held = tmp_path / "out-validation"
+    assert (held / "manifest.json").is_file() and not out.exists()
+    assert len(leftovers(out)) == 1
+    before = (held / "manifest.json").read_bytes()
+    # another split: the validation output in place is not this run's
+    other = pack_process(
+        sources, out, "--block-size", BLOCK, "--validation-split", "0.1", "--resume"
+    )
+    assert other.returncode == 2, other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1, other.stderr
+    assert f"cannot resume: {held} holds a validation output" in other.stderr
+    assert "--validation-split 0.05, not 0.1" in other.stderr and "--overwrite" in other.stderr
+    r = pack_process(sources, out, *args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert (held / "manifest.json").read_bytes() == before  # kept, not packed again
+    for name in ("manifest.json", *(p.name for p in out.glob("shard-*"))):
+        assert name in {p.name for p in clean.iterdir()}
+    train = json.loads((out / "manifest.json").read_text())
+    want = json.loads((clean / "manifest.json").read_text())
+    assert train["shards"] == want["shards"] and train["stats"] == want["stats"]
+    assert train["mixture"]["validation"] == {**want["mixture"]["validation"], "output": str(held)}
+    assert leftovers(out) == [] and leftovers(held) == []
+
+
 def test_sources_on_s3_read_in_place_give_the_local_bytes(s3, sources, block_run, tmp_path):
     long, short = (s3.put_dir(d, d.name) for d in sources)
     out = tmp_path / "from-s3"

@@ -220,25 +220,32 @@ def pack_mixture_blocks(
     from packer.pipelines.blocks import pack_blocks
     from packer.pipelines.mixture import validation_target
     from packer.pipelines.mixture_read import check_source_columns
+    from packer.pipelines.mixture_resume import check_finished_validation, finished_validation
     from packer.pipelines.mixture_select import expand_sources, mix_sources
     from packer.read.cache import default_budget
     from packer.storage import display
     from packer.write import commit as output
 
     sources = mix_sources(mix, inputs)
-    vout = None
+    vout = finished = None
     if validation_split is not None:
-        vout = validation_target(out, validation_output, overwrite)
+        # a resume may find the validation output committed by the killed run: kept if alike
+        finished = finished_validation(out, validation_output, resume, overwrite)
+        vout = finished or validation_target(out, validation_output, overwrite)
     files = expand_sources(sources, stage=False)  # a block task reads its block in place
     check_source_columns(sources, files, cfg)
     mixture = BlockMixture(sources, files, mix_tokens, validation_split)
+    if finished is not None:
+        mixture.validation = check_finished_validation(
+            finished, out, cfg, sources, files, validation_split
+        )
     budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
     flat = [f for part in files for f in part]
     run = {"progress": progress, "workers": workers, "budget": budget, "t0": t0}
     held: list = []
     try:
         with open_engine(cfg.engine, cfg.ray_address, workers) as engine:
-            if vout is not None:
+            if vout is not None and finished is None:
                 held_out = mixture.for_validation(display(out))
                 vresult = pack_blocks(
                     engine, flat, vout, cfg, overwrite=overwrite, resume_run=resume,
@@ -261,7 +268,7 @@ def pack_mixture_blocks(
         for tmp, _, _ in held:
             output.discard(tmp)
     result.seconds = time.perf_counter() - t0
-    if vout is not None:  # the tasks of both outputs
+    if vout is not None and finished is None:  # the tasks of both outputs
         result.tasks_reused += vresult.tasks_reused
         result.tasks_run += vresult.tasks_run
     return result
