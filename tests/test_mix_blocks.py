@@ -352,6 +352,42 @@ def test_ray_writes_the_local_block_runs_bytes(cli, cluster, sources, block_run,
     outputs_equal(block_run[0], out)
 
 
+def over_length_message(cli, sources, out: Path, *extra: str) -> str:
+    """The one line `--overlength error` stops a mixture with at -L 512 (nothing written)."""
+    long, short = sources
+    r = cli("pack", "--mix", f"{long}=1", "--mix", f"{short}=1", "-o", out, "-L", "512", *extra)
+    assert r.exit_code == 1, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    assert not out.exists() and leftovers(out) == []
+    return lines[0]
+
+
+def test_overlength_error_on_blocks_counts_every_source_as_one_plan_does(cli, sources, tmp_path):
+    """A block run counts the over-length samples of all blocks in its length pass (before
+    packing) and names the first in input order: the one-plan run's line, word for word."""
+    lengths = [
+        pq.read_table(f, columns=["input_ids"]).column(0).combine_chunks().value_lengths()
+        for d in sources
+        for f in sorted(d.glob("*.parquet"))
+    ]
+    every = np.concatenate([np.asarray(a) for a in lengths])
+    over = np.flatnonzero(every > 512)
+    first_file = sorted(sources[0].glob("*.parquet"))[0]
+    one = over_length_message(cli, sources, tmp_path / "one")
+    assert f"{over.size} sample(s) are longer than --max-len 512" in one
+    assert f"longest {every.max()} tokens, first at {first_file}: row {over[0]})" in one
+    assert over_length_message(cli, sources, tmp_path / "blocks", "--block-size", BLOCK) == one
+
+
+@pytest.mark.xdist_group("ray")
+def test_overlength_error_on_ray_is_the_one_plan_line(cli, cluster, sources, tmp_path):
+    """On Ray the blocks finish in any order; the line is still the one-plan run's."""
+    one = over_length_message(cli, sources, tmp_path / "one")
+    ray = ("--block-size", BLOCK, "--engine", "ray", "--ray-address", cluster)
+    assert over_length_message(cli, sources, tmp_path / "ray", *ray) == one
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [

@@ -24,6 +24,7 @@ from packer.config import PackConfig
 from packer.pipelines.block_task import BlockTake
 from packer.pipelines.mixture import describe_sources, mixture_report, validation_report
 from packer.pipelines.mixture_select import MixSource, choose_samples, packed_lengths
+from packer.planning.overlength import resolve
 from packer.read.blocks import BlockSpec, block_samples
 from packer.read.samples import Rejects
 from packer.storage.options import carried, carry_in
@@ -31,18 +32,35 @@ from packer.storage.options import carried, carry_in
 DROPPED = -1  # the length pass's mark of a sample `overlength` drop leaves out
 
 
-def block_lengths(settings: dict, spec: BlockSpec, cfg: PackConfig) -> np.ndarray:
+def block_lengths(settings: dict, spec: BlockSpec, cfg: PackConfig) -> tuple[np.ndarray, str]:
     """The length pass for one block: int32 per kept sample (rejected ones are not there), its
-    length as packed (after `overlength`), or `DROPPED`."""
+    length as packed (after `overlength`), or `DROPPED`; and where its first over-length
+    sample is ("" when none). With `overlength` error a block does not raise: the driver
+    counts the over-length samples of every block (`over_length`), so the message is one
+    plan's, whichever block an engine finishes first."""
     carry_in(settings)
     rejects = Rejects() if cfg.on_error == "skip" else None
     samples, _ = block_samples(spec, cfg, rejects)
     if samples is None:
-        return np.zeros(0, np.int32)
+        return np.zeros(0, np.int32), ""
+    if cfg.overlength == "error":
+        lengths = samples.lengths
+        over = np.flatnonzero(lengths > cfg.max_len)
+        first = samples.locate(int(over[0])) if over.size else ""
+        return lengths.astype(np.int32), first
     keep, lengths, _ = packed_lengths(samples, 0, samples.num_samples, cfg)
     out = np.full(samples.num_samples, DROPPED, np.int32)
     out[keep] = lengths
-    return out
+    return out, ""
+
+
+def over_length(lengths: list[np.ndarray], firsts: list[str], cfg: PackConfig) -> None:
+    """`overlength` error on a block run: one line counting the over-length samples of all
+    blocks (the longest, and the first in input order), as one plan's `resolve` says it."""
+    if cfg.overlength != "error" or not any(firsts):
+        return
+    at = next(f for f in firsts if f)
+    resolve(_joined(lengths), cfg.max_len, "error", locate=lambda _: at)
 
 
 @dataclass
@@ -118,12 +136,14 @@ class BlockMixture:
             if progress:
                 progress("lengths", done[0], len(specs))
 
-        lengths = engine.map(
+        passed = engine.map(
             block_lengths,
             [(settings, s, self.block_cfg(s, cfg)) for s in specs],
             on_done=on_done,
             memory=memory,
         )
+        lengths = [a for a, _ in passed]
+        over_length(lengths, [first for _, first in passed], cfg)
         per_file = [sum(b.rows for b in scan.blocks) for scan in scans]
         counts, k = [], 0
         for part in self.files:
