@@ -271,6 +271,61 @@ def test_a_killed_mixture_resumes_to_the_same_bytes(sources, block_run, tmp_path
     assert leftovers(out) == []
 
 
+def kill_after_validation_commit(sources, out: Path, *extra: str) -> None:
+    """A block mixture with a split, killed once its validation output is committed and
+    before its training output is (the fault hook pauses at each commit point)."""
+    args = mix_args(sources, out)[1:]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer.cli", "pack", *args, *extra, "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PACKER_FAULT_COMMIT_PAUSE": "3"},
+    )
+    try:
+        for line in proc.stderr:
+            if line.strip() == "packer-fault: commit done":  # the validation output's
+                proc.kill()
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+
+
+def test_resume_after_the_validation_output_was_committed_finishes_the_run(sources, tmp_path):
+    """Killed between the two commits of a split: --resume keeps the validation output this
+    run made and commits the training output, the bytes of an uninterrupted run; a resume
+    whose validation output would differ is refused in one line naming --overwrite."""
+    args = ("--block-size", BLOCK, "--validation-split", "0.05")
+    clean = tmp_path / "clean"
+    assert pack_process(sources, clean, *args).returncode == 0
+    out = tmp_path / "out"
+    kill_after_validation_commit(sources, out, *args)
+    held = tmp_path / "out-validation"
+    assert (held / "manifest.json").is_file() and not out.exists()
+    assert len(leftovers(out)) == 1
+    before = (held / "manifest.json").read_bytes()
+    # another split: the validation output in place is not this run's
+    other = pack_process(
+        sources, out, "--block-size", BLOCK, "--validation-split", "0.1", "--resume"
+    )
+    assert other.returncode == 2, other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1, other.stderr
+    assert f"cannot resume: {held} holds a validation output" in other.stderr
+    assert "--validation-split 0.05, not 0.1" in other.stderr and "--overwrite" in other.stderr
+    r = pack_process(sources, out, *args, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert (held / "manifest.json").read_bytes() == before  # kept, not packed again
+    for name in ("manifest.json", *(p.name for p in out.glob("shard-*"))):
+        assert name in {p.name for p in clean.iterdir()}
+    train = json.loads((out / "manifest.json").read_text())
+    want = json.loads((clean / "manifest.json").read_text())
+    assert train["shards"] == want["shards"] and train["stats"] == want["stats"]
+    assert train["mixture"]["validation"] == {**want["mixture"]["validation"], "output": str(held)}
+    assert leftovers(out) == [] and leftovers(held) == []
+
+
 def test_sources_on_s3_read_in_place_give_the_local_bytes(s3, sources, block_run, tmp_path):
     long, short = (s3.put_dir(d, d.name) for d in sources)
     out = tmp_path / "from-s3"
@@ -295,6 +350,42 @@ def test_ray_writes_the_local_block_runs_bytes(cli, cluster, sources, block_run,
     out = tmp_path / "ray"
     pack_cli(cli, sources, out, "--block-size", BLOCK, "--engine", "ray", "--ray-address", cluster)
     outputs_equal(block_run[0], out)
+
+
+def over_length_message(cli, sources, out: Path, *extra: str) -> str:
+    """The one line `--overlength error` stops a mixture with at -L 512 (nothing written)."""
+    long, short = sources
+    r = cli("pack", "--mix", f"{long}=1", "--mix", f"{short}=1", "-o", out, "-L", "512", *extra)
+    assert r.exit_code == 1, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.output, r.output
+    assert not out.exists() and leftovers(out) == []
+    return lines[0]
+
+
+def test_overlength_error_on_blocks_counts_every_source_as_one_plan_does(cli, sources, tmp_path):
+    """A block run counts the over-length samples of all blocks in its length pass (before
+    packing) and names the first in input order: the one-plan run's line, word for word."""
+    lengths = [
+        pq.read_table(f, columns=["input_ids"]).column(0).combine_chunks().value_lengths()
+        for d in sources
+        for f in sorted(d.glob("*.parquet"))
+    ]
+    every = np.concatenate([np.asarray(a) for a in lengths])
+    over = np.flatnonzero(every > 512)
+    first_file = sorted(sources[0].glob("*.parquet"))[0]
+    one = over_length_message(cli, sources, tmp_path / "one")
+    assert f"{over.size} sample(s) are longer than --max-len 512" in one
+    assert f"longest {every.max()} tokens, first at {first_file}: row {over[0]})" in one
+    assert over_length_message(cli, sources, tmp_path / "blocks", "--block-size", BLOCK) == one
+
+
+@pytest.mark.xdist_group("ray")
+def test_overlength_error_on_ray_is_the_one_plan_line(cli, cluster, sources, tmp_path):
+    """On Ray the blocks finish in any order; the line is still the one-plan run's."""
+    one = over_length_message(cli, sources, tmp_path / "one")
+    ray = ("--block-size", BLOCK, "--engine", "ray", "--ray-address", cluster)
+    assert over_length_message(cli, sources, tmp_path / "ray", *ray) == one
 
 
 @pytest.mark.parametrize(

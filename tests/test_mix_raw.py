@@ -114,3 +114,24 @@ def test_token_columns_of_a_raw_dataset_are_refused(cli, tokenizer, tmp_path, mo
         "the raw columns are found by name (--column KEY=NAME)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_split_of_raw_data_names_the_raw_input_and_its_cache_entry(
+    cli, tokenizer, tmp_path, monkeypatch
+):
+    """`pack RAW --tokenizer --validation-split`: both manifests' mixture names RAW as its
+    source and the cache entry under `tokenized`, as a raw mixture does."""
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    chats, _ = _sources(tmp_path)
+    out = tmp_path / "train"
+    res = cli(
+        "pack", chats, "--tokenizer", tokenizer, "--validation-split", "0.05",
+        "-o", out, "-L", "512", "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.stderr
+    for packed in (out, tmp_path / "train-validation"):
+        manifest = json.loads((packed / "manifest.json").read_text())
+        (source,) = manifest["mixture"]["sources"]
+        assert source["path"] == str(chats)
+        assert source["tokenized"] == manifest["tokenized_from"]["cache"]
+        assert source["files"] != [str(chats)]  # the entry's files were read

@@ -193,8 +193,12 @@ def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
     from packer.tokenize.cache import describe_source
 
     if "mix" not in mixing:
+        from packer.pipelines.mixture_select import TokenizedEntry
+
         result = tokenized(inputs)
-        return RawPack([result.output], describe_source(result), mixing)
+        named = [str(p) for p in inputs]
+        entry = TokenizedEntry(str(result.output), named[0] if len(named) == 1 else named)
+        return RawPack([entry], describe_source(result), mixing)
     results, pairs = [], []
     for path, weight in _raw_mix(mixing["mix"]):
         result = tokenized([path])

@@ -24,6 +24,7 @@ from packer.config import PackConfig
 from packer.pipelines.block_task import BlockTake
 from packer.pipelines.mixture import describe_sources, mixture_report, validation_report
 from packer.pipelines.mixture_select import MixSource, choose_samples, packed_lengths
+from packer.planning.overlength import resolve
 from packer.read.blocks import BlockSpec, block_samples
 from packer.read.samples import Rejects
 from packer.storage.options import carried, carry_in
@@ -31,18 +32,35 @@ from packer.storage.options import carried, carry_in
 DROPPED = -1  # the length pass's mark of a sample `overlength` drop leaves out
 
 
-def block_lengths(settings: dict, spec: BlockSpec, cfg: PackConfig) -> np.ndarray:
+def block_lengths(settings: dict, spec: BlockSpec, cfg: PackConfig) -> tuple[np.ndarray, str]:
     """The length pass for one block: int32 per kept sample (rejected ones are not there), its
-    length as packed (after `overlength`), or `DROPPED`."""
+    length as packed (after `overlength`), or `DROPPED`; and where its first over-length
+    sample is ("" when none). With `overlength` error a block does not raise: the driver
+    counts the over-length samples of every block (`over_length`), so the message is one
+    plan's, whichever block an engine finishes first."""
     carry_in(settings)
     rejects = Rejects() if cfg.on_error == "skip" else None
     samples, _ = block_samples(spec, cfg, rejects)
     if samples is None:
-        return np.zeros(0, np.int32)
+        return np.zeros(0, np.int32), ""
+    if cfg.overlength == "error":
+        lengths = samples.lengths
+        over = np.flatnonzero(lengths > cfg.max_len)
+        first = samples.locate(int(over[0])) if over.size else ""
+        return lengths.astype(np.int32), first
     keep, lengths, _ = packed_lengths(samples, 0, samples.num_samples, cfg)
     out = np.full(samples.num_samples, DROPPED, np.int32)
     out[keep] = lengths
-    return out
+    return out, ""
+
+
+def over_length(lengths: list[np.ndarray], firsts: list[str], cfg: PackConfig) -> None:
+    """`overlength` error on a block run: one line counting the over-length samples of all
+    blocks (the longest, and the first in input order), as one plan's `resolve` says it."""
+    if cfg.overlength != "error" or not any(firsts):
+        return
+    at = next(f for f in firsts if f)
+    resolve(_joined(lengths), cfg.max_len, "error", locate=lambda _: at)
 
 
 @dataclass
@@ -118,12 +136,14 @@ class BlockMixture:
             if progress:
                 progress("lengths", done[0], len(specs))
 
-        lengths = engine.map(
+        passed = engine.map(
             block_lengths,
             [(settings, s, self.block_cfg(s, cfg)) for s in specs],
             on_done=on_done,
             memory=memory,
         )
+        lengths = [a for a, _ in passed]
+        over_length(lengths, [first for _, first in passed], cfg)
         per_file = [sum(b.rows for b in scan.blocks) for scan in scans]
         counts, k = [], 0
         for part in self.files:
@@ -220,25 +240,32 @@ def pack_mixture_blocks(
     from packer.pipelines.blocks import pack_blocks
     from packer.pipelines.mixture import validation_target
     from packer.pipelines.mixture_read import check_source_columns
+    from packer.pipelines.mixture_resume import check_finished_validation, finished_validation
     from packer.pipelines.mixture_select import expand_sources, mix_sources
     from packer.read.cache import default_budget
     from packer.storage import display
     from packer.write import commit as output
 
     sources = mix_sources(mix, inputs)
-    vout = None
+    vout = finished = None
     if validation_split is not None:
-        vout = validation_target(out, validation_output, overwrite)
+        # a resume may find the validation output committed by the killed run: kept if alike
+        finished = finished_validation(out, validation_output, resume, overwrite)
+        vout = finished or validation_target(out, validation_output, overwrite)
     files = expand_sources(sources, stage=False)  # a block task reads its block in place
     check_source_columns(sources, files, cfg)
     mixture = BlockMixture(sources, files, mix_tokens, validation_split)
+    if finished is not None:
+        mixture.validation = check_finished_validation(
+            finished, out, cfg, sources, files, validation_split
+        )
     budget = parse_size(memory_budget) if memory_budget is not None else default_budget()
     flat = [f for part in files for f in part]
     run = {"progress": progress, "workers": workers, "budget": budget, "t0": t0}
     held: list = []
     try:
         with open_engine(cfg.engine, cfg.ray_address, workers) as engine:
-            if vout is not None:
+            if vout is not None and finished is None:
                 held_out = mixture.for_validation(display(out))
                 vresult = pack_blocks(
                     engine, flat, vout, cfg, overwrite=overwrite, resume_run=resume,
@@ -261,7 +288,7 @@ def pack_mixture_blocks(
         for tmp, _, _ in held:
             output.discard(tmp)
     result.seconds = time.perf_counter() - t0
-    if vout is not None:  # the tasks of both outputs
+    if vout is not None and finished is None:  # the tasks of both outputs
         result.tasks_reused += vresult.tasks_reused
         result.tasks_run += vresult.tasks_run
     return result

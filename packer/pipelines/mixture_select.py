@@ -30,6 +30,19 @@ from packer.storage import display
 COLUMN_KEYS = ("input_column", "labels_column")  # what a source may set for itself
 
 
+class TokenizedEntry(str):
+    """A tokenize cache entry packed in place of the raw inputs a user named (`pack RAW
+    --tokenizer`): the path of the entry, and in `raw` those inputs, which a validation split's
+    mixture names as its source (the entry under `tokenized`), as a raw mixture does."""
+
+    raw: str | list[str]
+
+    def __new__(cls, entry: str, raw: str | list[str]):
+        self = super().__new__(cls, entry)
+        self.raw = raw
+        return self
+
+
 @dataclass(frozen=True)
 class MixSource:
     """One source of a mixture: what the user named (a path, directory or glob; several for
@@ -40,7 +53,7 @@ class MixSource:
     weight: float
     columns: dict = field(default_factory=dict)
     from_mix: bool = True  # named by `mix` (not the plain inputs of a split)
-    raw: str | None = None  # the raw data `paths` were tokenized from (`pack --tokenizer`)
+    raw: str | list[str] | None = None  # the raw data `paths` were tokenized from (--tokenizer)
 
     def read_columns(self, cfg: PackConfig) -> tuple[str, str | None]:
         """(input column, labels column or None) this source is read with."""
@@ -56,7 +69,8 @@ def mix_sources(mix, inputs: Sequence) -> list[MixSource]:
     if mix is None:
         if not inputs:
             raise UsageError("no input: name the datasets to pack")
-        return [MixSource(tuple(str(p) for p in inputs), 1.0, from_mix=False)]
+        raw = getattr(inputs[0], "raw", None) if len(inputs) == 1 else None
+        return [MixSource(tuple(str(p) for p in inputs), 1.0, from_mix=False, raw=raw)]
     if inputs:
         raise UsageError(
             f"{option('mix')} names every source of the mixture: pass the datasets there, "

@@ -203,8 +203,22 @@ def _columns(manifest: dict) -> tuple:
     cfg = manifest["config"]
     if cfg.get("pairs"):
         return "pairs", cfg["prompt_column"], cfg["chosen_column"], cfg["rejected_column"]
+    if _by_source(manifest):
+        from packer.verify.mixture_input import source_columns
+
+        return "mixture", source_columns(manifest)
     labels = cfg["labels_column"]  # read where the inputs have it, as pack read it
     return cfg["input_column"], A.ColumnName(labels) if labels else None
+
+
+def _by_source(manifest: dict) -> bool:
+    """Whether `--input` is read source by source: a mixture of several sources, or of one
+    with columns of its own."""
+    mixture = manifest.get("mixture")
+    if not mixture:
+        return False
+    sources = mixture["sources"]
+    return len(sources) > 1 or any(s.get("columns") for s in sources)
 
 
 def _read_source(inputs: list, manifest: dict, progress: Progress | None = None):
@@ -223,6 +237,10 @@ def _read_source(inputs: list, manifest: dict, progress: Progress | None = None)
         from packer.read.pairs import read_pairs
 
         return read_pairs(inputs, columns[1:], on_error="skip", progress=on_file)
+    if columns[0] == "mixture":
+        from packer.verify.mixture_input import read_mixture_input
+
+        return read_mixture_input(inputs, manifest, on_file)
     from packer.read.assemble import read_samples
 
     # verify counts rejects
