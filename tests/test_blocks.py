@@ -133,6 +133,16 @@ def test_a_block_over_the_memory_budget_is_refused(cli, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.parquet"]
 
 
+def test_overlength_error_in_a_block_says_which_samples_it_counted(cli, tmp_path):
+    """A block run stops at the first block holding an over-length sample: its count is that
+    block's, and the line says so rather than passing it off as the input's."""
+    write_jsonl(tmp_path / "a.jsonl", make_samples(400, seed=0, median=100))
+    r = cli("pack", tmp_path / "a.jsonl", "-o", tmp_path / "o", "-L", "100", "--block-size", "8KiB")
+    assert r.exit_code == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert " in block 0 (" in r.stderr and "a.jsonl) are longer than --max-len 100" in r.stderr
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("blocks", [64, 256])
 def test_tails_packed_together_stay_within_a_hundredth_of_a_percent_of_one_plan(blocks):
     """1M lognormal lengths (the benchmark's) cut into blocks: rows at most 0.01 % above one

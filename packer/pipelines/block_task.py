@@ -32,6 +32,7 @@ from packer.planning.row_order import BLOCK, order_rows
 from packer.planning.strategies import Plan, plan
 from packer.read.blocks import BlockSpec, block_samples
 from packer.read.samples import Rejects, Samples
+from packer.storage import display
 from packer.version import __version__
 from packer.write.manifest import split_points
 from packer.write.shard_file import arrow_array
@@ -215,6 +216,7 @@ def _pack_block(
         cfg.overlength,
         starts=samples.offsets[:-1][pos],
         locate=lambda i: samples.locate(int(pos[i])),
+        counted=f" of the {spec.rows:,} in block {spec.block} ({display(spec.path)})",
     )
     segs.sample = samples.index[pos][segs.sample]
     pl = plan(

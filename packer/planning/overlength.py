@@ -40,11 +40,13 @@ def resolve(
     *,
     starts: np.ndarray | None = None,
     locate: Callable[[int], str] | None = None,
+    counted: str = "",
 ) -> Segments:
     """The segments of samples of these `lengths` under `policy`.
 
     Planning knows lengths only: `starts` places each sample in the flat token array (by default
-    the samples lie end to end from 0) and `locate(i)` names sample i in an error message.
+    the samples lie end to end from 0) and `locate(i)` names sample i in an error message;
+    `counted` says which samples the error's count covers where that is not all of them (a block).
     """
     if policy not in POLICIES:
         raise UsageError(
@@ -63,7 +65,7 @@ def resolve(
         first = int(np.flatnonzero(over)[0])
         where = locate or (lambda i: f"sample {i}")
         raise InputError(
-            f"{n_over} sample(s) are longer than {option('max_len')} {max_len} (longest "
+            f"{n_over} sample(s){counted} are longer than {option('max_len')} {max_len} (longest "
             f"{int(lengths.max())} tokens, first at {where(first)}); choose what to do "
             f"with them with {option('overlength')} drop|truncate|split"
         )
