@@ -49,6 +49,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
+TAIL_MEMO, TAIL_CHARS = 4096, 256  # prompt tails (at most so long) an encoder keeps the ids of
 ENCODING_VERSION = 2  # bump when the same inputs and options would give other ids or labels
 
 
@@ -95,6 +96,7 @@ class Encoder:
             self.tokenizer.backend_tokenizer.to_str()
         )
         self.chat_backend.post_processor = None
+        self.tails: dict[str, list[int]] = {}  # prompt tail -> its ids (`tail_ids`)
         self.fingerprint = self.compute_fingerprint()
 
     # ------------------------------------------------------------------ identity
@@ -200,7 +202,7 @@ class Encoder:
                 prompts += [text[tail : span[0]] for _, span, tail in turns]
         plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
         chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
-        prompt_ids = iter(self.chat_backend.encode_batch(prompts, add_special_tokens=False))
+        prompt_ids = iter(self.tail_ids(prompts))
         chat_spans = iter(chats)
         for i, record in enumerate(records):
             if out[i] is not None:
@@ -213,13 +215,28 @@ class Encoder:
                     out[i] = self.completion_sample(prompt, whole, i)
                 else:
                     turns, encoding = next(chat_spans), next(chat_encodings)
-                    alone = [next(prompt_ids).ids for _ in turns]
+                    alone = [next(prompt_ids) for _ in turns]
                     out[i] = self.chat_sample(encoding, turns, alone, i)
             except RawRecordError as e:
                 if not skip_errors:
                     raise
                 out[i] = e
         return out
+
+    def tail_ids(self, tails: list[str]) -> list[list[int]]:
+        """Each prompt tail tokenized alone. A template writes the same few tails over and over
+        (ChatML: `<|im_start|>assistant\\n`), so each distinct short one is tokenized once per
+        encoder; the check still compares every turn's ids with them."""
+        known = self.tails
+        if len(known) > TAIL_MEMO:
+            known.clear()
+        new = list(dict.fromkeys(t for t in tails if t not in known))
+        encoded = self.chat_backend.encode_batch(new, add_special_tokens=False)
+        ids = {tail: encoding.ids for tail, encoding in zip(new, encoded)}
+        # a tail that holds chat text (a template without special tokens between turns) is
+        # long and seldom repeats: not kept, so the memo stays small
+        known.update((tail, i) for tail, i in ids.items() if len(tail) <= TAIL_CHARS)
+        return [known[t] if t in known else ids[t] for t in tails]
 
     def with_eos(self, ids: list[int]) -> np.ndarray:
         array = np.asarray(ids, dtype=np.int32)
