@@ -306,8 +306,10 @@ class Encoder:
 
     def chat_sample(self, encoding, turns, alone, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
-        tokenized by itself, which must be the ids before the reply."""
-        ids = np.array(encoding.ids, dtype=np.int32)
+        tokenized by itself, which must be the ids before the reply. The checks read the ids as
+        the Python list the encoding gives (a slice of it compares without a numpy round trip)."""
+        listed = encoding.ids
+        ids = np.array(listed, dtype=np.int32)
         if self.train_on == "all":
             return ids, ids.copy()
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
@@ -315,7 +317,7 @@ class Encoder:
             first = token_at(encoding, start, index, turn, "start")
             stop = token_at(encoding, end, index, turn, "end")
             tail = token_at(encoding, tail, index, turn, "prompt")  # a special token starts there
-            if ids[tail:first].tolist() != prompt:
+            if listed[tail:first] != prompt:
                 raise RawRecordError(
                     f"the chat before assistant turn {turn} tokenizes differently alone than in "
                     "the whole chat (tokens merge across the turn boundary), so the model would "
@@ -324,7 +326,7 @@ class Encoder:
                 )
             if stop <= first:
                 raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
-            if int(ids[stop - 1]) not in self.special_ids:
+            if listed[stop - 1] not in self.special_ids:
                 raise RawRecordError(
                     f"assistant turn {turn}'s trained tokens do not end with an end-of-turn "
                     f"token such as {self.template.eot!r} (a template whose generation block "
@@ -332,7 +334,7 @@ class Encoder:
                     index=index,
                 )
             labels[first:stop] = ids[first:stop]
-        if not (labels != IGNORE).any():
+        if not turns:  # every turn above trained at least one token
             self.empty_mask(index)
         return ids, labels
 
