@@ -260,6 +260,43 @@ def test_a_prompt_that_tokenizes_otherwise_alone_is_caught(toks, tmp_path):
         encode_one(enc, {"messages": chat})
 
 
+def test_a_prompt_tail_seen_before_is_still_checked_on_every_chat(toks, tmp_path):
+    # the second chat's tail comes from the encoder's memo of tails: the check still fires
+    template = tmp_path / "t.jinja"
+    template.write_text(TEMPLATES["plain"].replace("\\n' }}", "\\n\\n' }}"))
+    enc = Encoder(toks["bare"], chat_template=template)
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the water"}]
+    for _ in range(2):
+        with pytest.raises(RawRecordError, match="before assistant turn 1 tokenizes differently"):
+            encode_one(enc, {"messages": chat})
+    assert list(enc.tails) == ["<|im_start|>assistant\n\n"]
+
+
+def test_long_prompt_tails_are_tokenized_each_time_not_kept(toks, tmp_path):
+    # no special token between the user's text and the reply: each tail holds the user's text
+    from packer.tokenize.encode import TAIL_CHARS
+
+    template = tmp_path / "t.jinja"
+    template.write_text(
+        "{%- for message in messages %}{%- if message['role'] == 'assistant' %}"
+        "{{- 'A:\\n' + message['content'] + '<|im_end|>\\n' }}{%- else %}"
+        "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '\\n' }}"
+        "{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- 'A:\\n' }}{%- endif %}"
+    )
+    enc = Encoder(toks["bare"], chat_template=template)
+    short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the oil"}]
+    long = [{"role": "user", "content": "the water " * 40}, *short[1:]]
+    records = [to_record({"messages": c}) for c in (short, long, long)]
+    first = enc.encode_batch(records)
+    again = enc.encode_batch(records)
+    fresh = Encoder(toks["bare"], chat_template=template).encode_batch(records[1:2])
+    assert all((a == b).all() for x, y in zip(first, again) for a, b in zip(x, y))
+    assert all((a == b).all() for a, b in zip(first[1], fresh[0]))
+    assert trained(enc, *first[1]) == f"the oil{EOT}"
+    assert list(enc.tails) == ["<|im_start|>user\nhi\nA:\n"]
+    assert all(len(tail) <= TAIL_CHARS for tail in enc.tails)
+
+
 def test_content_holding_a_control_token_is_refused(encoders):
     chat = [{"role": "user", "content": f"hi{EOT}"}, {"role": "assistant", "content": "ok"}]
     with pytest.raises(RawRecordError, match=r"messages\[0\].content holds the special token"):

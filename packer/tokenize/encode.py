@@ -49,6 +49,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
+TAIL_MEMO, TAIL_CHARS = 4096, 256  # prompt tails (at most so long) an encoder keeps the ids of
 ENCODING_VERSION = 2  # bump when the same inputs and options would give other ids or labels
 
 
@@ -95,6 +96,7 @@ class Encoder:
             self.tokenizer.backend_tokenizer.to_str()
         )
         self.chat_backend.post_processor = None
+        self.tails: dict[str, list[int]] = {}  # prompt tail -> its ids (`tail_ids`)
         self.fingerprint = self.compute_fingerprint()
 
     # ------------------------------------------------------------------ identity
@@ -200,7 +202,7 @@ class Encoder:
                 prompts += [text[tail : span[0]] for _, span, tail in turns]
         plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
         chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
-        prompt_ids = iter(self.chat_backend.encode_batch(prompts, add_special_tokens=False))
+        prompt_ids = iter(self.tail_ids(prompts))
         chat_spans = iter(chats)
         for i, record in enumerate(records):
             if out[i] is not None:
@@ -213,13 +215,28 @@ class Encoder:
                     out[i] = self.completion_sample(prompt, whole, i)
                 else:
                     turns, encoding = next(chat_spans), next(chat_encodings)
-                    alone = [next(prompt_ids).ids for _ in turns]
+                    alone = [next(prompt_ids) for _ in turns]
                     out[i] = self.chat_sample(encoding, turns, alone, i)
             except RawRecordError as e:
                 if not skip_errors:
                     raise
                 out[i] = e
         return out
+
+    def tail_ids(self, tails: list[str]) -> list[list[int]]:
+        """Each prompt tail tokenized alone. A template writes the same few tails over and over
+        (ChatML: `<|im_start|>assistant\\n`), so each distinct short one is tokenized once per
+        encoder; the check still compares every turn's ids with them."""
+        known = self.tails
+        if len(known) > TAIL_MEMO:
+            known.clear()
+        new = list(dict.fromkeys(t for t in tails if t not in known))
+        encoded = self.chat_backend.encode_batch(new, add_special_tokens=False)
+        ids = {tail: encoding.ids for tail, encoding in zip(new, encoded)}
+        # a tail that holds chat text (a template without special tokens between turns) is
+        # long and seldom repeats: not kept, so the memo stays small
+        known.update((tail, i) for tail, i in ids.items() if len(tail) <= TAIL_CHARS)
+        return [known[t] if t in known else ids[t] for t in tails]
 
     def with_eos(self, ids: list[int]) -> np.ndarray:
         array = np.asarray(ids, dtype=np.int32)
@@ -289,8 +306,10 @@ class Encoder:
 
     def chat_sample(self, encoding, turns, alone, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
-        tokenized by itself, which must be the ids before the reply."""
-        ids = np.array(encoding.ids, dtype=np.int32)
+        tokenized by itself, which must be the ids before the reply. The checks read the ids as
+        the Python list the encoding gives (a slice of it compares without a numpy round trip)."""
+        listed = encoding.ids
+        ids = np.array(listed, dtype=np.int32)
         if self.train_on == "all":
             return ids, ids.copy()
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
@@ -298,7 +317,7 @@ class Encoder:
             first = token_at(encoding, start, index, turn, "start")
             stop = token_at(encoding, end, index, turn, "end")
             tail = token_at(encoding, tail, index, turn, "prompt")  # a special token starts there
-            if ids[tail:first].tolist() != prompt:
+            if listed[tail:first] != prompt:
                 raise RawRecordError(
                     f"the chat before assistant turn {turn} tokenizes differently alone than in "
                     "the whole chat (tokens merge across the turn boundary), so the model would "
@@ -307,7 +326,7 @@ class Encoder:
                 )
             if stop <= first:
                 raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
-            if int(ids[stop - 1]) not in self.special_ids:
+            if listed[stop - 1] not in self.special_ids:
                 raise RawRecordError(
                     f"assistant turn {turn}'s trained tokens do not end with an end-of-turn "
                     f"token such as {self.template.eot!r} (a template whose generation block "
@@ -315,7 +334,7 @@ class Encoder:
                     index=index,
                 )
             labels[first:stop] = ids[first:stop]
-        if not (labels != IGNORE).any():
+        if not turns:  # every turn above trained at least one token
             self.empty_mask(index)
         return ids, labels
 

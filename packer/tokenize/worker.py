@@ -8,6 +8,7 @@ runs in the driver's process with one worker.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 from dataclasses import dataclass, field
@@ -56,6 +57,10 @@ def init_worker(encoder, columns, on_error: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt as exc:  # the driver's handler, inherited by the fork
         os._exit(EXIT_TERMINATED if isinstance(exc, Terminated) else EXIT_INTERRUPTED)
+    # the heap this worker inherited (the driver's imports, a forked encoder) lives as long as
+    # the worker: frozen, the collector's full collections no longer traverse it (nor touch,
+    # and so copy, its pages)
+    gc.freeze()
     if isinstance(encoder, dict):
         setup(encoder, columns, on_error)
     else:
@@ -91,10 +96,8 @@ def tokenize_batch(batch: RawBatch, directory: str) -> BatchDone:
     done.rejects = [f"{batch.where(i)}: {problem}" for i, problem in sorted(rejects)]
     if encoded:
         done.shard = shard_name(batch.file_index, batch.batch_index)
-        _write_shard(Path(directory) / done.shard, encoded)
+        done.tokens, done.trained = _write_shard(Path(directory) / done.shard, encoded)
         done.samples = len(encoded)
-        done.tokens = sum(len(ids) for ids, _ in encoded)
-        done.trained = sum(int(np.count_nonzero(labels != -100)) for _, labels in encoded)
     return done
 
 
@@ -129,8 +132,9 @@ def _reject(rejects: list, batch: RawBatch, i: int, problem: str, skip: bool) ->
     rejects.append((i, problem))
 
 
-def _write_shard(path: Path, encoded: list) -> None:
-    """input_ids and labels as list<int32>, one row group: the same bytes for the same rows."""
+def _write_shard(path: Path, encoded: list) -> tuple[int, int]:
+    """input_ids and labels as list<int32>, one row group: the same bytes for the same rows.
+    Returns (tokens, trained tokens), counted on the flat arrays."""
     lengths = np.fromiter((len(ids) for ids, _ in encoded), np.int64, len(encoded))
     offsets = np.zeros(len(encoded) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -144,6 +148,7 @@ def _write_shard(path: Path, encoded: list) -> None:
         names=["input_ids", "labels"],
     )
     pq.write_table(table, path, row_group_size=max(1, len(encoded)))
+    return len(ids), int(np.count_nonzero(labels != -100))
 
 
 def _int32(values: np.ndarray) -> pa.Array:
