@@ -3,14 +3,14 @@
 Requests pass through unchanged, except those that a rule picks: a rule matches a method and a
 substring of the path and either drops the connection half-way through the request body
 ("drop"), answers an S3 error without forwarding ("refuse"), or waits before forwarding
-("slow"). `times` bounds how often a rule fires (None: always).
+("slow"). `times` bounds how often a rule fires (None: always). Closing the proxy ends a
+"slow" wait at once: the held request is forwarded then, not after the rest of its delay.
 """
 
 from __future__ import annotations
 
 import http.client
 import threading
-import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
@@ -36,6 +36,7 @@ class Proxy:
         self.lock = threading.Lock()
         self.in_flight = 0
         self.idle = threading.Condition(self.lock)
+        self.closing = threading.Event()  # ends the waits of "slow" rules
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -91,7 +92,7 @@ class Proxy:
                     self.wfile.write(xml)
                     return
                 if rule is not None and rule.action == "slow":
-                    time.sleep(rule.seconds)
+                    proxy.closing.wait(rule.seconds)
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=60)
                 conn.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                 for name, value in self.headers.items():
@@ -133,7 +134,8 @@ class Proxy:
     def close(self) -> None:
         """Stop serving once every request already received has reached the server: a killed
         client's last upload may still be on its way upstream, and a test that lists the bucket
-        right after must see the final state."""
+        right after must see the final state. A request a "slow" rule holds goes on now."""
+        self.closing.set()
         with self.lock:
             self.idle.wait_for(lambda: self.in_flight == 0, timeout=30)
         self.server.shutdown()

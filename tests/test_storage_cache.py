@@ -67,7 +67,7 @@ def test_concurrent_readers_share_a_cold_cache(cli, s3, tmp_path):
         "PACKER_CACHE_DIR": str(cache),
         "OMP_NUM_THREADS": "1",
     }
-    commands = [["dataset", url]] * 4 + [["verify", url, "--no-attention"]] * 4
+    commands = [["dataset", url]] * 3 + [["verify", url, "--no-attention"]] * 3
     try:
         procs = [
             subprocess.Popen(

@@ -2,16 +2,20 @@
 
 Each store is pointed at a closed port on 127.0.0.1 (connections refused; no test reaches
 another address): `s3://` through `AWS_ENDPOINT_URL`, `gs://` through pyarrow's GCS with an
-anonymous client and an http endpoint override. Real `packer` processes.
+anonymous client and an http endpoint override. The signal tests' port instead accepts each
+connection and closes it at once, counting them: the signal goes once the client has retried.
+Real `packer` processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +31,33 @@ def closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def dropping_port():
+    """(port, accepted connection count) of a listener on 127.0.0.1 that closes every
+    connection it accepts: a client sees an empty reply and retries."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    accepted = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:  # closed below
+                return
+            accepted.append(1)
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield server.getsockname()[1], accepted
+    finally:
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)  # wakes the thread's accept
+        server.close()
 
 
 def store_args(protocol: str, port: int) -> tuple[list[str], dict]:
@@ -83,19 +114,17 @@ def test_an_unreachable_store_is_one_line_within_the_retry_budget(protocol, clos
     ("protocol", "signum", "code"), [("gs", signal.SIGTERM, 143), ("gs", signal.SIGINT, 130)]
 )
 def test_a_signal_during_the_retries_stops_the_run_at_once(
-    protocol, signum, code, closed_port, tmp_path
+    protocol, signum, code, dropping_port, tmp_path
 ):
     if protocol == "gs":
         pytest.importorskip("pyarrow.fs").GcsFileSystem  # noqa: B018
+    port, accepted = dropping_port
     # retries that would last ten minutes: only the signal can end the run early
-    proc = start(
-        protocol,
-        closed_port,
-        tmp_path,
-        PACKER_STORAGE_RETRY_SECONDS="600",
-    )
-    time.sleep(8)  # start-up, then inside the client's retries
-    assert proc.poll() is None
+    proc = start(protocol, port, tmp_path, PACKER_STORAGE_RETRY_SECONDS="600")
+    deadline = time.monotonic() + 120
+    while len(accepted) < 2:  # start-up, a request, then inside the client's retries
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
     t = time.monotonic()
     proc.send_signal(signum)
     out, err = proc.communicate(timeout=60)

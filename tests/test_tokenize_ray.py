@@ -42,14 +42,23 @@ def packer(*args, cache: Path, **env) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_ray_tokenizes_to_the_local_shards_and_packed_bytes(
-    cli, cluster, tokenizer, tmp_path, monkeypatch
-):
-    raw = write_raw(tmp_path / "raw.jsonl", 2 * ROWS + 300, seed=5)
-    args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
-    local = packer(*args, "-o", tmp_path / "local", "--workers", "2", cache=tmp_path / "c1")
-    assert local.returncode == 0, local.stderr
+@pytest.fixture(scope="module")
+def local(tokenizer, tmp_path_factory) -> tuple[Path, Path, Path]:
+    """Six batches of raw rows (the last one partial: twice the cluster's CPUs) packed by the
+    local engine: (raw file, output, cache); the bytes the Ray runs below must write."""
+    d = tmp_path_factory.mktemp("local")
+    raw = write_raw(d / "raw.jsonl", 5 * ROWS + 300, seed=5)
+    args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK, "-o", d / "out"]
+    r = packer(*args, "--workers", "2", cache=d / "cache")
+    assert r.returncode == 0, r.stderr
+    return raw, d / "out", d / "cache"
 
+
+def test_ray_tokenizes_to_the_local_shards_and_packed_bytes(
+    cli, cluster, tokenizer, local, tmp_path, monkeypatch
+):
+    raw, local_out, local_cache = local
+    args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
     monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "c2"))
     inits = []  # the tokenize tasks and the block tasks run in one Ray session
     monkeypatch.setattr(
@@ -59,9 +68,9 @@ def test_ray_tokenizes_to_the_local_shards_and_packed_bytes(
     assert on_ray.exit_code == 0, on_ray.stderr
     assert "on ray tasks" in on_ray.stderr
     assert len(inits) == 1 and not ray.is_initialized()
-    assert digests(tmp_path / "ray", "shard-*") == digests(tmp_path / "local", "shard-*")
+    assert digests(tmp_path / "ray", "shard-*") == digests(local_out, "shard-*")
     tokenized = digests(tmp_path / "c2", "tokenized/*/part-*")
-    assert tokenized == digests(tmp_path / "c1", "tokenized/*/part-*") and len(tokenized) == 3
+    assert tokenized == digests(local_cache, "tokenized/*/part-*") and len(tokenized) == 6
 
 
 def test_a_bad_record_on_a_ray_task_is_one_line_naming_file_and_line(
@@ -83,14 +92,11 @@ def _records(cache: Path) -> list[Path]:
     return list(cache.glob("tokenized/.*.packer-tmp-*/.done/part-*.json"))
 
 
-def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, tmp_path):
+def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, local, tmp_path):
     """SIGKILL the driver while the batches run on Ray: each task recorded its batch once its
     shard was written, --resume keeps exactly those and writes the local run's bytes."""
-    raw = write_raw(tmp_path / "raw.jsonl", 12 * ROWS, seed=7)
+    raw, local_out, local_cache = local
     args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK]
-    local = packer(*args, "-o", tmp_path / "local", "--workers", "1", cache=tmp_path / "c1")
-    assert local.returncode == 0, local.stderr
-
     cache = tmp_path / "c2"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(cache)}
     on_ray = [*args, "-o", tmp_path / "out", "--engine", "ray", "--ray-address", cluster]
@@ -116,12 +122,12 @@ def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, tm
     assert resumed.returncode == 0, resumed.stderr
     kept = "1 batch" if seen == 1 else f"{seen} batches"
     assert f"{kept} kept from the killed run" in resumed.stderr, (seen, resumed.stderr)
-    assert digests(tmp_path / "out", "shard-*") == digests(tmp_path / "local", "shard-*")
+    assert digests(tmp_path / "out", "shard-*") == digests(local_out, "shard-*")
     entries = list((cache / "tokenized").iterdir())
     assert len(entries) == 1 and not (entries[0] / ".done").exists()
     parts = list(digests(entries[0], "part-*").values())
-    assert parts == list(digests(tmp_path / "c1", "tokenized/*/part-*").values())
-    assert len(parts) == 12
+    assert parts == list(digests(local_cache, "tokenized/*/part-*").values())
+    assert len(parts) == 6
 
 
 def test_packer_tokenize_on_ray_writes_the_local_output(cli, cluster, tokenizer, tmp_path):
