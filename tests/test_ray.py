@@ -124,9 +124,12 @@ def test_a_killed_worker_is_retried_and_the_bytes_do_not_change(
         *pack_args(inputs, on_ray, "--engine", "ray", "--ray-address", cluster),
         "--block-size",
         BLOCK,
+        "--json",
     )
     assert r.exit_code == 0, r.output
     assert marker.exists()  # a block task did kill its own worker process
+    # Ray's report of the dead worker goes to stderr: stdout is the one JSON object
+    assert r.stdout.count("\n") == 1 and json.loads(r.stdout)["rows"] > 0, r.stdout
     outputs_equal(local_blocks, on_ray)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 

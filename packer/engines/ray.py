@@ -25,6 +25,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -92,6 +93,11 @@ class RayEngine:
                 ) from None
             self.owned = True
         self.remote = ray.remote(_call)
+        # Ray's driver prints what the raylet reports ("A worker died or was killed ...") to
+        # sys.stdout from a thread of its own, log_to_driver or not: while packer's tasks run,
+        # that goes to stderr, so stdout carries only packer's own output (a --json object).
+        self._stdout = contextlib.redirect_stdout(sys.stderr)
+        self._stdout.__enter__()
 
     def task_workers(self, workers: int) -> int:
         return 1  # each task holds one CPU of the cluster
@@ -181,9 +187,14 @@ class RayEngine:
             ray.wait(running, num_returns=len(running), timeout=30)
 
     def close(self) -> None:
-        if self.owned:
-            self.ray.shutdown()
-            self.owned = False
+        try:
+            if self.owned:
+                self.ray.shutdown()
+                self.owned = False
+        finally:
+            if self._stdout is not None:
+                self._stdout.__exit__(None, None, None)
+                self._stdout = None
 
 
 def _init(ray, **kwargs) -> None:
