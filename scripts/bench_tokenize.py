@@ -17,14 +17,14 @@ without generation tags (nothing is downloaded), then times, on the same lines:
   pairs), as TRL takes them.
 - axolotl (`--axolotl PYTHON`, the python of a virtualenv that has axolotl: see
   scripts/axolotl_venv.sh): its preprocessing (`prepare_datasets`, what `axolotl preprocess`
-  runs) in a subprocess of that python (scripts/axolotl_prepare.py), `dataset_processes` = the
+  runs) in a subprocess of that python (scripts/axolotl_prepare.py), `dataset_num_proc` = the
   workers, caching off, `sample_packing: true`; chats as its `chat_template` type with the same
   ChatML template, texts as `completion`, pairs as a user-defined prompt format.
 
-Each is run `--repeat` times in turn (baseline, packer, TRL); the table gives the medians and
-the median of each run's ratio to the baseline run beside it. `--memory N1 N2` also packs
-N1 and N2 lines under `--memory-budget` and gives the peak RSS of the packer command and its
-workers together (sampled every 20 ms).
+Each is run `--repeat` times in turn (baseline, packer, TRL, axolotl); the table gives the
+medians and the median of each run's ratio to the baseline run beside it. `--memory N1 N2`
+also packs N1 and N2 lines under `--memory-budget` and gives the peak RSS of the packer
+command and its workers together (sampled every 20 ms).
 
 It also checks every chat's input_ids against the baseline's tokens of the same render (an
 independent reference), and that `packer tokenize` + `packer pack` gives the same shard bytes.
@@ -356,6 +356,10 @@ def main() -> None:
     ap.add_argument("--memory", type=int, nargs=2, default=None, metavar=("N1", "N2"))
     ap.add_argument("--memory-budget", default="1GiB")
     args = ap.parse_args()
+    if args.axolotl and not os.access(args.axolotl, os.X_OK):
+        ap.error(
+            f"--axolotl: {args.axolotl} is not an executable (scripts/axolotl_venv.sh builds one)"
+        )
     cores = args.workers or len(os.sched_getaffinity(0))
     runs: dict[str, list] = {"base": [], "first": [], "second": [], "trl": [], "axolotl": []}
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
