@@ -7,7 +7,7 @@ axolotl config that reads them as axolotl's closest types (chats: `chat_template
 ChatML template, assistant turns and their <|im_end|> trained; texts: `completion`; pairs:
 a user-defined instruction format whose prompt is the prompt field alone, completion + EOS
 trained), and times axolotl's preprocessing (`prepare_datasets`, what `axolotl preprocess`
-calls: `datasets.map` with `dataset_processes` = the workers, caching off, the prepared dataset
+calls: `datasets.map` with `dataset_num_proc` = the workers, caching off, the prepared dataset
 saved to disk). The config is validated and the tokenizer loaded before the clock starts.
 Prints one JSON line: wall and CPU seconds (this process and its map workers), rows, tokens,
 trained tokens, and each chat's input_ids in input order (for the caller's reference check).
