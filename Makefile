@@ -64,6 +64,11 @@ bench: setup
 readers: setup
 	$(BIN)/python scripts/readers_venv.py
 
+# axolotl 0.19.0 (torch's CPU build) in a virtualenv of its own, for
+# scripts/bench_tokenize.py --axolotl; does nothing once built
+axolotl-venv:
+	scripts/axolotl_venv.sh
+
 train-tiny: setup
 	$(BIN)/python scripts/train_tiny.py
 

@@ -15,17 +15,24 @@ without generation tags (nothing is downloaded), then times, on the same lines:
   workers, assistant-only loss. TRL derives masks only from `{% generation %}` tags, so it gets
   the same ChatML template with tags; its datasets are one per record kind (chats, texts,
   pairs), as TRL takes them.
+- axolotl (`--axolotl PYTHON`, the python of a virtualenv that has axolotl: see
+  scripts/axolotl_venv.sh): its preprocessing (`prepare_datasets`, what `axolotl preprocess`
+  runs) in a subprocess of that python (scripts/axolotl_prepare.py), `dataset_num_proc` = the
+  workers, caching off, `sample_packing: true`; chats as its `chat_template` type with the same
+  ChatML template, texts as `completion`, pairs as a user-defined prompt format.
 
-Each is run `--repeat` times in turn (baseline, packer, TRL); the table gives the medians and
-the median of each run's ratio to the baseline run beside it. `--memory N1 N2` also packs
-N1 and N2 lines under `--memory-budget` and gives the peak RSS of the packer command and its
-workers together (sampled every 20 ms).
+Each is run `--repeat` times in turn (baseline, packer, TRL, axolotl); the table gives the
+medians and the median of each run's ratio to the baseline run beside it. `--memory N1 N2`
+also packs N1 and N2 lines under `--memory-budget` and gives the peak RSS of the packer
+command and its workers together (sampled every 20 ms).
 
 It also checks every chat's input_ids against the baseline's tokens of the same render (an
 independent reference), and that `packer tokenize` + `packer pack` gives the same shard bytes.
 
     python scripts/bench_tokenize.py                # 20,000 lines, all cores
     python scripts/bench_tokenize.py --lines 4000 --workers 2 --memory 20000 80000
+    python scripts/bench_tokenize.py --lines 2000 --workers 2 --no-trl \\
+        --axolotl /work/venvs/axolotl/bin/python
 """
 
 from __future__ import annotations
@@ -217,6 +224,21 @@ def trl_prepare(raw: Path, tokenizer: Path, workers: int, tmp: Path) -> tuple[fl
     return time.perf_counter() - t0, time.process_time() + _children_cpu() - c0
 
 
+def axolotl_prepare(
+    python: str, raw: Path, tokenizer: Path, workers: int, work: Path
+) -> tuple[tuple[float, float], list[list[int]]]:
+    """axolotl's preprocessing of the same lines in its own virtualenv: ((wall seconds, CPU
+    seconds of its process and map workers, tokenizer loaded), each chat's input_ids)."""
+    cmd = [python, str(ROOT / "scripts" / "axolotl_prepare.py"), str(raw), str(tokenizer)]
+    cmd += [str(work), "--workers", str(workers), "--sample-packing"]
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        sys.exit(f"axolotl's preprocessing failed:\n{res.stderr[-4000:]}")
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return (out["wall"], out["cpu"]), out["chat_ids"]
+
+
 def worker_start(tokenizer: Path, tmp: Path, repeat: int) -> dict[str, float]:
     """Median CPU seconds for a spawned worker to start (interpreter, imports, its encoder from
     the spec): with the bench's tokenizer directory, and with a copy that has a model
@@ -328,11 +350,18 @@ def main() -> None:
     ap.add_argument("-L", type=int, nargs=2, default=(4096, 8192), metavar=("L1", "L2"))
     ap.add_argument("--repeat", type=int, default=3, help="runs of each, medians reported")
     ap.add_argument("--no-trl", action="store_true", help="leave TRL's preparation out")
+    ap.add_argument(
+        "--axolotl", metavar="PYTHON", help="python of a virtualenv with axolotl: adds its row"
+    )
     ap.add_argument("--memory", type=int, nargs=2, default=None, metavar=("N1", "N2"))
     ap.add_argument("--memory-budget", default="1GiB")
     args = ap.parse_args()
+    if args.axolotl and not os.access(args.axolotl, os.X_OK):
+        ap.error(
+            f"--axolotl: {args.axolotl} is not an executable (scripts/axolotl_venv.sh builds one)"
+        )
     cores = args.workers or len(os.sched_getaffinity(0))
-    runs: dict[str, list] = {"base": [], "first": [], "second": [], "trl": []}
+    runs: dict[str, list] = {"base": [], "first": [], "second": [], "trl": [], "axolotl": []}
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
         tmp = Path(tmp)
         records = make_records(args.lines, args.seed)
@@ -354,6 +383,11 @@ def main() -> None:
             )
             if not args.no_trl:
                 runs["trl"].append(trl_prepare(raw, tmp / "tok", cores, tmp))
+            if args.axolotl:
+                seconds, axolotl_ids = axolotl_prepare(
+                    args.axolotl, raw, tmp / "tok", cores, tmp / f"axolotl-{k}"
+                )
+                runs["axolotl"].append(seconds)
         packer(
             "tokenize", raw, "--tokenizer", tmp / "tok", "-o", tmp / "tok-out", *workers, env=env
         )
@@ -386,14 +420,15 @@ def main() -> None:
         "first": f"packer pack RAW --tokenizer -L {args.L[0]} (cold cache, start-up included)",
         "second": f"packer pack RAW --tokenizer -L {args.L[1]} (from the cache)",
         "trl": f"TRL SFT preparation, datasets.map, {cores} procs (tokenizer loaded)",
+        "axolotl": f"axolotl preprocessing, sample_packing, {cores} procs (tokenizer loaded)",
     }
-    ratio = {}
+    ratio, cpu_ratio = {}, {}
     for key, name in names.items():
         if not runs[key]:
             continue
         wall = [w / b[0] for (w, _), b in zip(runs[key], runs["base"])]
         cpu = [c / b[1] for (_, c), b in zip(runs[key], runs["base"])]
-        ratio[key] = median(wall)
+        ratio[key], cpu_ratio[key] = median(wall), median(cpu)
         print(
             f"| {name} | {median([w for w, _ in runs[key]]):.2f} | {median(wall):.2f}x "
             f"| {median([c for _, c in runs[key]]):.2f} | {median(cpu):.2f}x |"
@@ -407,6 +442,15 @@ def main() -> None:
     if "trl" in ratio:
         speedup = ratio["trl"] / first
         print(f"vs TRL: packer's raw -> packed is {speedup:.1f}x faster (goal >= 5x)")
+    if "axolotl" in ratio:
+        speedup = ratio["axolotl"] / first
+        cpu_speedup = cpu_ratio["axolotl"] / cpu_ratio["first"]
+        same = sum(a == b for a, b in zip(axolotl_ids, (by_line[i] for i in sorted(by_line))))
+        print(
+            f"vs axolotl: packer's raw -> packed is {speedup:.1f}x faster, {cpu_speedup:.1f}x "
+            f"less CPU (goal >= 5x); "
+            f"{same:,}/{chats:,} of axolotl's chats' input_ids equal the baseline's"
+        )
     print(
         f"reference: {matched:,}/{chats:,} chats' input_ids equal the baseline's; "
         f"two-step shards {'byte-identical' if same_bytes else 'DIFFER'}"
