@@ -140,7 +140,10 @@ class ProgressLines:
         if text is None:
             return
         self._last = now
-        print(f"progress: {text} ({now - self._start:.0f} s)", file=sys.stderr, flush=True)
+        # one write, newline included: print() writes the end separately, and a signal between
+        # the two glued the run's error line onto the progress line
+        sys.stderr.write(f"progress: {text} ({now - self._start:.0f} s)\n")
+        sys.stderr.flush()
 
 
 def _pack_line(stage: str, done: int, total: int, label: str = "") -> str | None:
