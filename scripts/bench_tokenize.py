@@ -23,8 +23,10 @@ without generation tags (nothing is downloaded), then times, on the same lines:
 
 Each is run `--repeat` times in turn (baseline, packer, TRL, axolotl); the table gives the
 medians and the median of each run's ratio to the baseline run beside it. `--memory N1 N2`
-also packs N1 and N2 lines under `--memory-budget` and gives the peak RSS of the packer
-command and its workers together (sampled every 20 ms).
+also packs N1 and N2 lines under `--memory-budget` and gives the peak memory of the packer
+command and its workers together (sampled every 20 ms): resident (RSS) and anonymous (RssAnon:
+what the processes hold themselves; RSS adds the pages of files they map, which an out-of-core
+pack maps and the kernel can drop). Inputs above a million lines repeat the first million.
 
 It also checks every chat's input_ids against the baseline's tokens of the same render (an
 independent reference), and that `packer tokenize` + `packer pack` gives the same shard bytes.
@@ -268,40 +270,65 @@ def worker_start(tokenizer: Path, tmp: Path, repeat: int) -> dict[str, float]:
     return out
 
 
-def peak_rss(cmd: list, env: dict) -> tuple[float, float]:
-    """(wall seconds, peak RSS in bytes of the command and its children together)."""
+def peak_rss(cmd: list, env: dict) -> tuple[float, float, float]:
+    """(wall seconds, peak RSS, peak RssAnon), in bytes, of the command and its children
+    together."""
     import psutil
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    top, peak = psutil.Process(proc.pid), 0
+    top, peak, peak_anon = psutil.Process(proc.pid), 0, 0
     while proc.poll() is None:
         try:
             procs = [top, *top.children(recursive=True)]
             peak = max(peak, sum(p.memory_info().rss for p in procs))
+            peak_anon = max(peak_anon, sum(_rss_anon(p.pid) for p in procs))
         except psutil.Error:
             pass
         time.sleep(0.02)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(map(str, cmd))} failed:\n{proc.stderr.read().decode()}")
-    return time.perf_counter() - t0, peak
+    return time.perf_counter() - t0, peak, peak_anon
+
+
+def _rss_anon(pid: int) -> int:
+    """RssAnon of a process in bytes (Linux; 0 where /proc does not say)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def memory_rows(sizes: list[int], workers: list, budget: str, seed: int, tmp: Path) -> list:
     """Peak RSS of raw -> packed at each size (a fresh cache each), one tokenizer for all."""
-    rows = []
+    rows, chunks = [], {}
     make_tokenizer(tmp / "mem-tok", make_records(min(max(sizes), 20_000), seed))
     for n in sizes:
         raw = tmp / f"mem-{n}.jsonl"
         with raw.open("w") as f:  # written in chunks: millions of records do not fit as objects
             for start in range(0, n, 100_000):
-                chunk = make_records(min(100_000, n - start), seed + start)
-                f.write("".join(json.dumps(r) + "\n" for r in chunk))
+                first = start % 1_000_000  # past a million lines, the first million again
+                key = (first, min(100_000, n - start))
+                if key not in chunks:
+                    records = make_records(key[1], seed + first)
+                    chunks[key] = "".join(json.dumps(r) + "\n" for r in records)
+                f.write(chunks[key])
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(tmp / f"mc-{n}")}
         cmd = [sys.executable, "-m", "packer", "pack", raw, "--tokenizer", tmp / "mem-tok"]
         cmd += ["-o", tmp / f"mem-out-{n}", "-L", 4096, "--overlength", "split"]
         cmd += ["--memory-budget", budget, *workers]
         rows.append((n, *peak_rss(list(map(str, cmd)), env)))
+        print(
+            f"memory: {n:,} lines: {rows[-1][1]:.1f} s, peak RSS {rows[-1][2] / 2**20:,.0f} MiB, "
+            f"RssAnon {rows[-1][3] / 2**20:,.0f} MiB",
+            file=sys.stderr,
+            flush=True,
+        )
+        raw.unlink()
     return rows
 
 
@@ -462,10 +489,10 @@ def main() -> None:
     )
     if memory:
         print(f"\npeak RSS of raw -> packed, --memory-budget {args.memory_budget}, cold cache")
-        print("| lines | wall s | peak RSS (command + workers) |")
-        print("|---:|---:|---:|")
-        for n, wall, rss in memory:
-            print(f"| {n:,} | {wall:.1f} | {rss / 2**20:,.0f} MiB |")
+        print("| lines | wall s | peak RSS | peak RssAnon (command + workers) |")
+        print("|---:|---:|---:|---:|")
+        for n, wall, rss, anon in memory:
+            print(f"| {n:,} | {wall:.1f} | {rss / 2**20:,.0f} MiB | {anon / 2**20:,.0f} MiB |")
 
 
 if __name__ == "__main__":
