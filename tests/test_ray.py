@@ -255,10 +255,11 @@ from packer.interrupts import sigterm_as_interrupt
 engine = RayEngine(sys.argv[1], 1)
 try:
     with sigterm_as_interrupt():
-        print("waiting", flush=True)
+        # sys.__stdout__: while the engine is open, sys.stdout is stderr (Ray's own reports)
+        print("waiting", file=sys.__stdout__, flush=True)
         engine.map(time.sleep, [(10,)])
 except KeyboardInterrupt as exc:
-    print(type(exc).__name__, flush=True)
+    print(type(exc).__name__, file=sys.__stdout__, flush=True)
 finally:
     engine.close()
 """
