@@ -85,6 +85,14 @@ def validation_target(out: Path, validation_output, overwrite: bool) -> Path:
     return dest
 
 
+def check_mix_tokens(mix, mix_tokens) -> None:
+    """`mix_tokens` sizes a mixture: refused for a run without `mix` (a split only)."""
+    if mix_tokens is not None and mix is None:
+        raise UsageError(
+            f"{option('mix_tokens', '--mix-tokens')} sizes a mixture: pass {option('mix')}"
+        )
+
+
 def pack_mixture(
     inputs: list,
     out: Path,
@@ -103,10 +111,7 @@ def pack_mixture(
     """Pack a mixture of sources (`mix`, {path: weight} or [(path, weight)]), or hold out a
     validation split of `inputs`, into `out` (and the validation output)."""
     sources = mix_sources(mix, inputs)
-    if mix_tokens is not None and mix is None:
-        raise UsageError(
-            f"{option('mix_tokens', '--mix-tokens')} sizes a mixture: pass {option('mix')}"
-        )
+    check_mix_tokens(mix, mix_tokens)
     split = _check_split(validation_split)
     if split is None and validation_output is not None:
         raise UsageError(

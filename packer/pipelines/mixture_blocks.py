@@ -22,7 +22,12 @@ import numpy as np
 from packer import hashing
 from packer.config import PackConfig
 from packer.pipelines.block_task import BlockTake
-from packer.pipelines.mixture import describe_sources, mixture_report, validation_report
+from packer.pipelines.mixture import (
+    check_mix_tokens,
+    describe_sources,
+    mixture_report,
+    validation_report,
+)
 from packer.pipelines.mixture_select import MixSource, choose_samples, packed_lengths
 from packer.planning.overlength import resolve
 from packer.read.blocks import BlockSpec, block_samples
@@ -246,6 +251,7 @@ def pack_mixture_blocks(
     from packer.storage import display
     from packer.write import commit as output
 
+    check_mix_tokens(mix, mix_tokens)
     sources = mix_sources(mix, inputs)
     vout = finished = None
     if validation_split is not None:

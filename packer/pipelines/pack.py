@@ -211,7 +211,8 @@ def _checked_inputs(inputs, output_dir, config, storage_options) -> list:
 
 
 def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, more):
-    """A mixture or a validation split (`packer.pipelines.mixture`), local engine only."""
+    """A mixture or a validation split: one plan (`packer.pipelines.mixture`), or block runs
+    on any engine (`packer.pipelines.mixture_blocks`)."""
     from packer.pipelines.mixture import check_mixture_run, pack_mixture
 
     memory_budget, out_of_core, repack, resume, t0 = more
@@ -224,31 +225,13 @@ def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, m
     if resume and not overwrite and (out / MANIFEST).is_file():
         raise _complete(str(out))
     output.check_target(out, overwrite)
+    run, extra = pack_mixture, {}
     if cfg.block_size is not None or cfg.engine != "local":
         from packer.pipelines.mixture_blocks import pack_mixture_blocks
 
-        if mix_tokens is not None and mix is None:
-            raise UsageError(
-                f"{option('mix_tokens', '--mix-tokens')} sizes a mixture: pass {option('mix')}"
-            )
-        with reporting(progress), named_errors():
-            return pack_mixture_blocks(
-                inputs,
-                out,
-                cfg,
-                mix=mix,
-                mix_tokens=mix_tokens,
-                validation_split=split,
-                validation_output=split_output,
-                overwrite=overwrite,
-                progress=progress,
-                workers=workers,
-                memory_budget=memory_budget,
-                resume=resume,
-                t0=t0,
-            )
+        run, extra = pack_mixture_blocks, {"resume": resume}  # block runs resume; one plan not
     with reporting(progress), named_errors():
-        return pack_mixture(
+        return run(
             inputs,
             out,
             cfg,
@@ -261,6 +244,7 @@ def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, m
             workers=workers,
             memory_budget=memory_budget,
             t0=t0,
+            **extra,
         )
 
 
