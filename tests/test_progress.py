@@ -18,10 +18,10 @@ from rich.filesize import decimal
 from packer.read.progress import metering, open_input
 
 
-def run_on_terminal(args: list[str], cwd: Path) -> tuple[int, str, str]:
+def run_on_terminal(args: list[str], cwd: Path, **extra_env: str) -> tuple[int, str, str]:
     """Run the CLI with stderr on a pseudo-terminal; (exit code, stdout, terminal output)."""
     master, slave = pty.openpty()
-    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm-256color"}
+    env = {**os.environ, "COLUMNS": "120", "TERM": "xterm-256color", **extra_env}
     env.pop("NO_COLOR", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "packer", *args],
@@ -160,3 +160,59 @@ def test_parquet_reports_its_bytes_as_it_is_decoded(tmp_path: Path, reader: str)
     assert rows == 2000
     assert sum(counted) == path.stat().st_size
     assert len([n for n in counted if n > 0]) >= 5, counted
+
+
+def test_tokenizing_spinner_starts_no_thread(monkeypatch):
+    """The tokenize spinner is redrawn by its callback, not by rich's refresh thread: the worker
+    pool forks only a thread-free process, and with that thread every worker was spawned and
+    loaded its own tokenizer (1 to 3.5 CPU s each) on a terminal."""
+    import io
+    import threading
+
+    from rich.console import Console
+
+    import packer.cli.render as render
+    from packer.cli.raw import tokenize_progress
+
+    screen = io.StringIO()
+    monkeypatch.setattr(render, "stderr", Console(file=screen, force_terminal=True, width=100))
+    before = threading.active_count()
+    with tokenize_progress(True) as update:
+        assert threading.active_count() == before
+        update("tokenize", 2048, 0, "2,048 lines, 1,000 tokens/s")
+    assert "2,048 lines, 1,000 tokens/s" in screen.getvalue()
+
+
+def test_raw_pack_on_a_terminal_forks_its_workers(tmp_path: Path):
+    """`pack RAW --tokenizer --workers 2` on a terminal: the spinner is drawn and the workers are
+    forked with the loaded tokenizer (a spawned worker would start as multiprocessing.spawn)."""
+    import json
+    import random
+
+    from tokenizers_util import PLAIN, build_tokenizer, generated_chat
+
+    rng = random.Random(3)
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(
+        "".join(json.dumps({"messages": generated_chat(rng)}) + "\n" for _ in range(3000))
+    )
+    tok = build_tokenizer(tmp_path / "tok", PLAIN)
+    probe = tmp_path / "sitecustomize.py"  # each interpreter that starts says so
+    probe.write_text(
+        "import os, sys\n"
+        "with open(os.environ['PROBE_LOG'], 'a') as f:\n"
+        "    f.write(' '.join(sys.argv[:2]) + '\\n')\n"
+    )
+    log = tmp_path / "started.txt"
+    args = ["pack", str(raw), "--tokenizer", str(tok), "-o", "out", "-L", "512", "--workers", "2"]
+    code, _, terminal = run_on_terminal(
+        args,
+        tmp_path,
+        PROBE_LOG=str(log),
+        PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        PACKER_CACHE_DIR=str(tmp_path / "cache"),
+    )
+    assert code == 0, terminal
+    assert "tokenizing" in terminal and "samples in" in terminal
+    started = log.read_text().splitlines()
+    assert len(started) == 1, started  # the command alone: its workers were forked
