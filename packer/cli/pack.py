@@ -285,7 +285,6 @@ def pack(
     from packer.cli.render import print_warnings, progress_bars
     from packer.config import build_config
     from packer.interrupts import sigterm_as_interrupt
-    from packer.pipelines.pack import pack as run_pack
 
     with user_errors(debug):
         set_storage_options(storage_option)
@@ -328,6 +327,8 @@ def pack(
         )
         held_export = validation_export_target(export_to, mixing, output, overwrite)
         raw = tokenize_for_pack(inputs, output, cfg, repack, locals())  # None: no --tokenizer
+        from packer.pipelines.pack import pack as run_pack  # numba: after the tokenizer's fork
+
         # with --repack, --memory-budget is the export's: a repack reads in memory
         memory_budget_pack = None if export_to is not None and repack else memory_budget
         with progress_bars(not json_out) as progress, sigterm_as_interrupt(), raw_source(raw):
@@ -344,9 +345,8 @@ def pack(
                 **(raw.mixing if raw is not None else mixing),
             )
         report = result.report()
-        if export_to is not None:
-            exports = [("export", output, export_dest)] + (held_export or [])
-            for key, packed, dest in exports:  # the validation output's too, beside it
+        if export_to is not None:  # the validation output's too, beside it
+            for key, packed, dest in [("export", output, export_dest)] + (held_export or []):
                 exported = _export(packed, export_to, dest, overwrite, memory_budget)
                 report[key] = exported.to_dict()
                 print_warnings(exported.warnings)
@@ -403,14 +403,14 @@ def _check_unused_flags(cfg, pad_id, on_error, repack: bool) -> None:
 
 def _check_export_config(export_to: str | None, cfg, memory_budget) -> None:
     """Refuse, before packing, an --export that the packed output could not take."""
+    if export_to is None:  # the exporters import numba: only when asked
+        return
     from packer.errors import UsageError
     from packer.export.mds import DEFAULT_SIZE_LIMIT
     from packer.export.run import batch_tokens
 
-    if export_to is not None:
-        batch_tokens(cfg.max_len, export_to, memory_budget, DEFAULT_SIZE_LIMIT)
-
-    if export_to is not None and cfg.pairs:
+    batch_tokens(cfg.max_len, export_to, memory_budget, DEFAULT_SIZE_LIMIT)
+    if cfg.pairs:
         raise UsageError(
             "--export cannot be used with --pairs: the export formats have no pairs and "
             "would train each side as a separate sample"
@@ -427,13 +427,14 @@ def _check_export_config(export_to: str | None, cfg, memory_budget) -> None:
 def _export_target(fmt: str | None, dest: Path | None, output: str, overwrite: bool):
     """Where `--export` writes, refused before any packing if it cannot be written."""
     from packer.errors import UsageError
-    from packer.export import FORMATS, check_destination, check_outside
     from packer.storage import is_url
 
     if fmt is None:
         if dest is not None:
             raise UsageError("--export-output needs --export FORMAT")
         return None
+    from packer.export import FORMATS, check_destination, check_outside
+
     if fmt not in FORMATS:
         raise UsageError(f"--export must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if is_url(output):

@@ -243,7 +243,8 @@ def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool, runner
     names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
     tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
     skip = output if is_url(output) else Path(output)
-    with tokenize_progress(not json_out) as progress:
+    warm = cfg.strategy if runner is None else None
+    with tokenize_progress(not json_out) as shown, warming_meanwhile(warm, shown) as progress:
         result = tokenized_input(
             inputs,
             lambda: make_encoder(tokenizer, chat_template, train_on, False),
@@ -264,6 +265,32 @@ def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool, runner
                 f"{Path(result.output) / 'rejects.txt'}"
             )
     return result
+
+
+@contextmanager
+def warming_meanwhile(strategy: str | None, progress):
+    """`progress`, wrapped to start loading the packing step's kernels (numba and its cached
+    code: half a CPU second) in a thread at the first batch done, so that they load while the
+    workers tokenize rather than after. Only then: the pool forks a process with no other
+    thread. The thread is joined on the way out, before any other pool forks."""
+    if strategy is None:
+        yield progress
+        return
+    started = []
+
+    def report(stage: str, done: int, total: int, label: str = "") -> None:
+        if not started:
+            from packer.pipelines.warmup import start_warming
+
+            started.append(start_warming(strategy))
+        if progress is not None:
+            progress(stage, done, total, label)
+
+    try:
+        yield report
+    finally:
+        for warming in started:
+            warming.stop()
 
 
 def _runner(cfg, workers: int | None):
