@@ -13,6 +13,7 @@ TORCH_PIN := torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(DEMO_VENV)/.installed
+REAL_TOKENIZER := .whl/anthropic-0.38.0-py3-none-any.whl
 
 .PHONY: setup demo test lint format bench sample train-tiny mutation readers clean
 
@@ -30,8 +31,13 @@ $(DEMO_STAMP): pyproject.toml
 	$(DEMO_VENV)/bin/pip install -q .   # the core: no torch
 	touch $(DEMO_STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) $(REAL_TOKENIZER)
 	$(BIN)/packer warmup
+
+# a real tokenizer for tests/test_real_tokenizer.py: the anthropic 0.38.0 wheel on PyPI ships a
+# 65,000-token BPE as anthropic/tokenizer.json; the wheel is downloaded (not installed) once
+$(REAL_TOKENIZER): $(STAMP)
+	$(BIN)/pip download -q --no-deps --dest .whl anthropic==0.38.0
 
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite

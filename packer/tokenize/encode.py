@@ -368,7 +368,8 @@ def token_at(encoding, char: int, index: int, turn: int, side: str) -> int:
     if encoding.token_to_chars(at)[0] < char:
         raise RawRecordError(
             f"a token crosses the {side} of assistant turn {turn} (tokenizing the whole chat "
-            "merges the reply with the text around it)",
+            "merges the reply with the text around it: strip the spaces or newlines at the "
+            f"reply's {side})",
             index=index,
         )
     return at
