@@ -22,15 +22,20 @@ the only places that touch storage.
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 from packer import hashing, storage
 from packer.config import PackConfig
 from packer.contract.names import BLOCK_WORK, TMP_MARK
-from packer.errors import OutputError, UsageError, option
+from packer.errors import UsageError, option
 from packer.storage import names, run_records
-from packer.storage.run_records import changed_inputs, dead_runs, kill_at, read_record
+from packer.storage.run_records import (
+    changed_inputs,
+    dead_runs,
+    kill_at,
+    read_record,
+    take_over,
+)
 from packer.version import __version__
 from packer.write import commit as output
 
@@ -163,18 +168,9 @@ def open_work(out: Path, key: dict, resume: bool) -> Path:
             what = changed(old, key)
             if what:
                 raise refusal(what, str(out))
-            mine = out.parent / f".{out.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            try:
-                os.rename(dead, mine)
-            except FileNotFoundError:  # another run adopted it first
-                continue
-            except OSError as exc:
-                raise OutputError(
-                    f"cannot take over the killed run's files: {output.os_reason(exc)}",
-                    where=str(out),
-                ) from None
-            adopted = mine
-            break
+            adopted = take_over(dead, out, TMP_MARK)
+            if adopted is not None:
+                break
     if adopted is None:
         return output.start(out)
     output.remove_stale(out)

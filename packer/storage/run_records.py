@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from packer.errors import OutputError
 from packer.storage.local import pid_alive
 
 
@@ -64,6 +65,23 @@ def dead_runs(out: Path, mark: str, run_record: str) -> list[Path]:
             return 0.0
 
     return sorted(found, key=started, reverse=True)
+
+
+def take_over(dead: Path, out: Path, mark: str) -> Path | None:
+    """Rename a killed run's directory to this process's own temporary name beside `out`, so
+    that no other resuming run takes it too; None when another run took it first."""
+    mine = out.parent / f".{out.name}{mark}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(dead, mine)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        reason = f"{reason} [{exc.filename}]" if exc.filename else reason
+        raise OutputError(
+            f"cannot take over the killed run's files: {reason}", where=str(out)
+        ) from None
+    return mine
 
 
 def input_change(old: list, new: list[dict]) -> tuple[str, dict, dict] | None:

@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from dataclasses import asdict
 from pathlib import Path
 
 from packer import hashing
 from packer.contract.names import TMP_MARK
-from packer.errors import OutputError, UsageError, option
+from packer.errors import UsageError, option
 from packer.interrupts import begin_output
 from packer.storage.run_records import (
     dead_runs,
     input_change,
     kill_at,
     read_record,
+    take_over,
     write_record,
 )
 from packer.tokenize import output as out_dir
@@ -96,17 +96,9 @@ def _adopt(target: Path, key: dict) -> Path | None:
                 f"{option('resume=True', '--resume')} to tokenize from the start",
                 where=str(target),
             )
-        mine = target.parent / f".{target.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            os.rename(dead, mine)
-        except FileNotFoundError:  # another run adopted it first
-            continue
-        except OSError as exc:
-            raise OutputError(
-                f"cannot take over the killed run's files: {exc.strerror or exc}",
-                where=str(target),
-            ) from None
-        return mine
+        mine = take_over(dead, target, TMP_MARK)
+        if mine is not None:
+            return mine
     return None
 
 
