@@ -5,7 +5,9 @@ prompt/completion pairs), trains a small BPE tokenizer on them and gives it a Ch
 without generation tags (nothing is downloaded), then times, on the same lines:
 
 - baseline: one process that parses the lines, renders every chat with the template and
-  batch-tokenizes all the rendered texts (`tokenizer(texts)`): the tokenizer's own cost;
+  batch-tokenizes all the rendered texts (`tokenizer(texts)`): the tokenizer's own cost, on one
+  thread (one core's work: what "near-linear in cores" is measured against), and again with
+  `encode_batch`'s own threads (`TOKENIZERS_PARALLELISM=true`), the fastest one process gets;
 - raw -> packed: `packer pack RAW --tokenizer DIR -L L1` with a cold cache (a subprocess,
   start-up included), and the issue's guard (<= 1.0x the baseline) and goal (0.6x on 2 cores);
 - again at L2: the same raw data packed at another L, from the cache (goal <= 0.5x the first).
