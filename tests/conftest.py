@@ -99,7 +99,7 @@ def pytest_collection_modifyitems(config, items):
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        names = ["ray"] if "cluster" in item.fixturenames else _xdist_groups(item)
+        names = ["ray"] if "cluster" in getattr(item, "fixturenames", ()) else _xdist_groups(item)
         if names and "@" not in item.nodeid:
             tagged = f"{item.nodeid}@{'_'.join(names)}"
             if hasattr(item, "_id"):
