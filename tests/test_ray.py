@@ -119,13 +119,6 @@ def test_ray_output_is_the_local_output_and_verifies(
     assert json.loads(r.stdout)["ok"]
 
 
-def test_ray_without_block_size_records_the_default_one(cli, cluster, few, tmp_path):
-    on_ray = tmp_path / "ray"
-    r = cli(*pack_args(few, on_ray, "--engine", "ray", "--ray-address", cluster))
-    assert r.exit_code == 0, r.output
-    assert json.loads((on_ray / "manifest.json").read_text())["config"]["block_size"] == 64 << 20
-
-
 def test_bad_input_fails_like_the_local_engine_and_leaves_nothing(cli, cluster, tmp_path):
     d = tmp_path / "in"
     d.mkdir()
@@ -332,14 +325,14 @@ def test_a_killed_ray_driver_is_resumed_with_the_local_bytes(cluster, few, local
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_no_address_starts_its_own_instance_beside_a_running_cluster(
-    cluster, inputs, local_blocks, tmp_path
-):
+def test_no_address_starts_its_own_instance_beside_a_running_cluster(cluster, inputs, tmp_path):
     """Without --ray-address packer starts a local Ray of --workers CPUs, even while another Ray
-    runs on this machine (the test cluster here), instead of joining it."""
+    runs on this machine (the test cluster here), instead of joining it. Without --block-size
+    the run uses the default block size, records it, and writes the local engine's bytes at it."""
+    local = local_run(inputs, tmp_path / "local", "--block-size", "64MiB")
     on_ray = tmp_path / "ray"
     env = {**os.environ, "RAY_ADDRESS": ""}
-    args = pack_args(inputs, on_ray, "--engine", "ray", "--workers", "1", "--block-size", BLOCK)
+    args = pack_args(inputs, on_ray, "--engine", "ray", "--workers", "1")
     r = subprocess.run(
         [sys.executable, "-m", "packer", *args],
         capture_output=True,
@@ -348,4 +341,5 @@ def test_no_address_starts_its_own_instance_beside_a_running_cluster(
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    outputs_equal(local_blocks, on_ray)
+    assert json.loads((on_ray / "manifest.json").read_text())["config"]["block_size"] == 64 << 20
+    outputs_equal(local, on_ray)
