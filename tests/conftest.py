@@ -92,11 +92,14 @@ def pytest_collection_modifyitems(config, items):
     (the id lives in `item._id`): each group was spread over every worker, and with it a Ray
     cluster and each module fixture built once per worker. The tag is added here where xdist's
     did not take; xdist then hands the groups out first (largest first, `--loadscope-reorder`).
+    A test that uses the Ray `cluster` is in the group "ray" whatever its module's group, so
+    the session starts one cluster (test_commit_signals.py's Ray test started a second one on
+    the other worker).
     """
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        names = _xdist_groups(item)
+        names = ["ray"] if "cluster" in getattr(item, "fixturenames", ()) else _xdist_groups(item)
         if names and "@" not in item.nodeid:
             tagged = f"{item.nodeid}@{'_'.join(names)}"
             if hasattr(item, "_id"):

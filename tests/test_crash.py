@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
+from packer.cli import app
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses /proc and POSIX signals")
 
@@ -73,10 +76,12 @@ def start(inputs: Path, out: Path, *extra: str) -> subprocess.Popen:
 
 
 def run(inputs: Path, out: Path, *extra: str) -> dict:
-    proc = start(inputs, out, *extra)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 0, stderr
-    return json.loads(stdout)
+    """An uninterrupted run, in this process (typer's runner); its JSON report."""
+    args = ["pack", str(inputs), "-o", str(out), "--max-len", MAX_LEN]
+    args += ["--shard-rows", SHARD_ROWS, "--json", *extra]
+    r = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
+    return json.loads(r.stdout)
 
 
 def snapshot(path: Path) -> dict[str, str] | None:

@@ -19,7 +19,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import make_samples, read_shards, to_table
+from typer.testing import CliRunner
 
+from packer.cli import app
 from packer.contract.names import TMP_MARK
 
 MAX_LEN = "1024"
@@ -54,13 +56,17 @@ def pack_cli(cli, sources, out: Path, *extra: str) -> dict:
 
 
 def pack_process(sources, out: Path, *extra: str, env: dict | None = None):
-    """The CLI in its own process (a fault-injected run kills itself)."""
-    args = mix_args(sources, out)[1:]
+    """`packer pack --mix ... --json`, in this process; in a process of its own where `env`
+    is given (a fault-injected run kills itself)."""
+    args = [*map(str, mix_args(sources, out)), *extra, "--json"]
+    if env is None:
+        r = CliRunner().invoke(app, args, catch_exceptions=False)
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
     return subprocess.run(
-        [sys.executable, "-m", "packer.cli", "pack", *args, *extra, "--json"],
+        [sys.executable, "-m", "packer.cli", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **env},
         timeout=300,
     )
 
@@ -87,13 +93,8 @@ def without_layout(mixture: dict) -> dict:
 
 
 def verify_passes(out: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "packer.cli", "verify", str(out), "--no-attention"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = CliRunner().invoke(app, ["verify", str(out), "--no-attention"], catch_exceptions=False)
+    assert r.exit_code == 0, r.stdout + r.stderr
 
 
 @pytest.fixture(scope="module")

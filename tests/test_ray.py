@@ -85,38 +85,11 @@ def local_small(few, tmp_path_factory) -> Path:
     return local_run(few, tmp_path_factory.mktemp("local-small") / "out", *SMALL)
 
 
-def test_ray_output_is_the_local_output_and_verifies(cli, cluster, inputs, local_blocks, tmp_path):
-    on_ray = tmp_path / "ray"
-    r = cli(*pack_args(inputs, on_ray, "--engine", "ray", "--ray-address", cluster, "--json"))
-    # without --block-size, ray uses the default block size and records it
-    assert r.exit_code == 0, r.output
-    assert json.loads((on_ray / "manifest.json").read_text())["config"]["block_size"] == 64 << 20
-    on_ray2 = tmp_path / "ray2"
-    r = cli(
-        *pack_args(
-            inputs, on_ray2, "--engine", "ray", "--ray-address", cluster, "--block-size", BLOCK
-        ),
-        "--json",
-    )
-    assert r.exit_code == 0, r.output
-    report = json.loads(r.stdout)
-    assert report["engine"] == "ray" and report["blocks"] > 20
-    assert report["tokens_moved"] > 0 and report["rows"] <= report["global_rows"] + 1
-    outputs_equal(local_blocks, on_ray2)
-    manifest = json.loads((on_ray2 / "manifest.json").read_text())
-    assert "engine" not in manifest["config"] and manifest["config"]["block_size"] == 24 << 10
-    # the shards in the seeded order of docs/format.md ("Row order"), each listed once
-    names = [s["file"] for s in manifest["shards"]]
-    assert names == order_shards(sorted(names), "shuffle", 0)
-
-    r = cli("verify", on_ray2, "-i", inputs, "--rows", "1", "--json")
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["ok"]
-
-
-def test_a_killed_worker_is_retried_and_the_bytes_do_not_change(
+def test_ray_output_is_the_local_output_and_verifies(
     cli, cluster, inputs, local_blocks, tmp_path, monkeypatch
 ):
+    """One Ray run, one of whose block tasks kills its own worker process: Ray retries it
+    without a trace, and the output is the local engine's bytes, which verify passes."""
     marker = tmp_path / "killed-once"
     monkeypatch.setenv("PACKER_FAULT_KILL_ONCE", str(marker))  # forwarded to the workers
     on_ray = tmp_path / "ray"
@@ -129,9 +102,21 @@ def test_a_killed_worker_is_retried_and_the_bytes_do_not_change(
     assert r.exit_code == 0, r.output
     assert marker.exists()  # a block task did kill its own worker process
     # Ray's report of the dead worker goes to stderr: stdout is the one JSON object
-    assert r.stdout.count("\n") == 1 and json.loads(r.stdout)["rows"] > 0, r.stdout
+    assert r.stdout.count("\n") == 1, r.stdout
+    report = json.loads(r.stdout)
+    assert report["engine"] == "ray" and report["blocks"] > 20
+    assert report["tokens_moved"] > 0 and 0 < report["rows"] <= report["global_rows"] + 1
     outputs_equal(local_blocks, on_ray)
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    manifest = json.loads((on_ray / "manifest.json").read_text())
+    assert "engine" not in manifest["config"] and manifest["config"]["block_size"] == 24 << 10
+    # the shards in the seeded order of docs/format.md ("Row order"), each listed once
+    names = [s["file"] for s in manifest["shards"]]
+    assert names == order_shards(sorted(names), "shuffle", 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["killed-once", "ray"]
+
+    r = cli("verify", on_ray, "-i", inputs, "--rows", "1", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["ok"]
 
 
 def test_bad_input_fails_like_the_local_engine_and_leaves_nothing(cli, cluster, tmp_path):
@@ -257,7 +242,7 @@ try:
     with sigterm_as_interrupt():
         # sys.__stdout__: while the engine is open, sys.stdout is stderr (Ray's own reports)
         print("waiting", file=sys.__stdout__, flush=True)
-        engine.map(time.sleep, [(10,)])
+        engine.map(time.sleep, [(4,)])
 except KeyboardInterrupt as exc:
     print(type(exc).__name__, file=sys.__stdout__, flush=True)
 finally:
@@ -276,7 +261,7 @@ def test_sigterm_while_ray_wait_blocks_stays_terminated(cluster):
     )
     try:
         assert proc.stdout.readline() == "waiting\n"
-        # inside ray.wait: the one task sleeps for 10 s from its start (after this line was
+        # inside ray.wait: the one task sleeps for 4 s from its start (after this line was
         # printed), and the stopped run waits for it to end (cancelling does not cut a sleep)
         time.sleep(1.0)
         proc.terminate()
@@ -286,60 +271,68 @@ def test_sigterm_while_ray_wait_blocks_stays_terminated(cluster):
     assert out == "Terminated\n"
 
 
-def _records(out: Path) -> list[str]:
-    return [p.name for p in out.parent.glob(f".{out.name}.packer-tmp-*/.blocks/done/*.json")]
+def _records(out: Path) -> dict[str, int]:
+    """The completion records of the killed run's tasks, and when each was written."""
+    pattern = f".{out.name}.packer-tmp-*/.blocks/done/*.json"
+    return {p.name: p.stat().st_mtime_ns for p in out.parent.glob(pattern)}
 
 
-@pytest.mark.parametrize("point", ["blocks", "tails"])
-def test_a_killed_ray_driver_is_resumed_with_the_local_bytes(
-    cluster, few, local_small, tmp_path, point
-):
-    """SIGKILL the driver while block (or tail) tasks run; --resume on Ray keeps every task
-    with a completion record and writes what an uninterrupted local run writes."""
-
-    def args(out: Path, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "packer", *pack_args(few, out, *SMALL, *extra)]
-
-    out = tmp_path / "out"
-    on_ray = ("--engine", "ray", "--ray-address", cluster, "--json")
-    proc = subprocess.Popen(args(out, *on_ray), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _kill_when(proc: subprocess.Popen, out: Path, enough) -> dict[str, int]:
+    """SIGKILL the driver once `enough(records)`; then wait until Ray has ended the dead
+    driver's tasks (no record appears for 3 s) and return the records left."""
     try:
         deadline = time.monotonic() + 180
-        while True:
-            names = _records(out)
-            if (point == "blocks" and len(names) >= 20) or any(n[0] == "t" for n in names):
-                break
+        while not enough(_records(out)):
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.02)
         proc.kill()
         proc.wait(timeout=60)
     finally:
         proc.kill()
-    seen, still = -1, 0
-    while still < 3:  # Ray ends the dead driver's tasks; wait until no record appears
+    seen, still = {}, 0
+    while still < 3:
         time.sleep(1)
-        count = len(_records(out))
-        still, seen = (still + 1, seen) if count == seen else (0, count)
-    assert not out.exists()
-    if point == "tails":
-        assert seen > 57
+        records = _records(out)
+        still, seen = (still + 1, seen) if records == seen else (0, records)
+    return seen
+
+
+def test_a_killed_ray_driver_is_resumed_with_the_local_bytes(cluster, few, local_small, tmp_path):
+    """SIGKILL the driver while block tasks run, then SIGKILL its --resume while tail tasks
+    run; each --resume on Ray keeps every task with a completion record (the resumed run
+    rewrites none of them) and the last one writes what an uninterrupted local run writes."""
+
+    def args(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "packer", *pack_args(few, out, *SMALL, *extra)]
+
+    def start(*extra: str) -> subprocess.Popen:
+        cmd = args(out, *on_ray, *extra)
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    out = tmp_path / "out"
+    on_ray = ("--engine", "ray", "--ray-address", cluster, "--json")
+    in_blocks = _kill_when(start(), out, lambda names: len(names) >= 20)
+    assert not out.exists() and not any(n[0] == "t" for n in in_blocks)
+    in_tails = _kill_when(start("--resume"), out, lambda names: any(n[0] == "t" for n in names))
+    assert not out.exists() and len(in_tails) > 57  # every block and at least one tail
+    assert {n: in_tails[n] for n in in_blocks} == in_blocks  # kept, not run again
     r = subprocess.run(args(out, *on_ray, "--resume"), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["tasks_reused"] == seen
-    assert report["tasks_run"] == 57 + 10 - seen
+    assert report["tasks_reused"] == len(in_tails)
+    assert report["tasks_run"] == 57 + 10 - len(in_tails)
     outputs_equal(local_small, out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_no_address_starts_its_own_instance_beside_a_running_cluster(
-    cluster, inputs, local_blocks, tmp_path
-):
+def test_no_address_starts_its_own_instance_beside_a_running_cluster(cluster, inputs, tmp_path):
     """Without --ray-address packer starts a local Ray of --workers CPUs, even while another Ray
-    runs on this machine (the test cluster here), instead of joining it."""
+    runs on this machine (the test cluster here), instead of joining it. Without --block-size
+    the run uses the default block size, records it, and writes the local engine's bytes at it."""
+    local = local_run(inputs, tmp_path / "local", "--block-size", "64MiB")
     on_ray = tmp_path / "ray"
     env = {**os.environ, "RAY_ADDRESS": ""}
-    args = pack_args(inputs, on_ray, "--engine", "ray", "--workers", "1", "--block-size", BLOCK)
+    args = pack_args(inputs, on_ray, "--engine", "ray", "--workers", "1")
     r = subprocess.run(
         [sys.executable, "-m", "packer", *args],
         capture_output=True,
@@ -348,4 +341,5 @@ def test_no_address_starts_its_own_instance_beside_a_running_cluster(
         timeout=300,
     )
     assert r.returncode == 0, r.stderr
-    outputs_equal(local_blocks, on_ray)
+    assert json.loads((on_ray / "manifest.json").read_text())["config"]["block_size"] == 64 << 20
+    outputs_equal(local, on_ray)

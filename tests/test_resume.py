@@ -17,8 +17,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import make_samples, to_table, write_jsonl
+from typer.testing import CliRunner
 
 import packer
+from packer.cli import app
 from packer.config import PackConfig
 from packer.contract.names import TMP_MARK
 
@@ -41,9 +43,14 @@ def inputs(tmp_path_factory) -> Path:
 
 
 def pack(inputs: Path, out: Path, *extra: str, env: dict | None = None, cwd=None):
+    """`packer pack ... --json`, in this process; in a process of its own where `env` or `cwd`
+    is given (the fault knobs SIGKILL the process)."""
+    args = ["pack", str(inputs), "-o", str(out), *ARGS, "--json", *extra]
+    if env is None and cwd is None:
+        r = CliRunner().invoke(app, args, catch_exceptions=False)
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
     return subprocess.run(
-        [sys.executable, "-m", "packer.cli", "pack", str(inputs), "-o", str(out), *ARGS]
-        + ["--json", *extra],
+        [sys.executable, "-m", "packer.cli", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
@@ -252,14 +259,9 @@ def test_without_resume_a_dead_runs_leftovers_are_removed(inputs, full, tmp_path
     outputs_equal(full[0], out)
 
 
-def test_resume_is_for_block_runs(inputs, tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "packer.cli", "pack", str(inputs), "-o", str(tmp_path / "o")]
-        + ["-L", "256", "--overlength", "split", "--resume"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 2
+def test_resume_is_for_block_runs(cli, inputs, tmp_path):
+    r = cli("pack", inputs, "-o", tmp_path / "o", "-L", "256", "--overlength", "split", "--resume")
+    assert r.exit_code == 2
     assert r.stderr.splitlines() == [
         "error: --resume picks up block runs: pass --block-size or --engine ray (not with "
         "--repack or --pairs)"

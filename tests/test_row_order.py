@@ -22,8 +22,10 @@ import pytest
 from conftest import make_samples, read_shards, write_jsonl
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from typer.testing import CliRunner
 
 import packer
+from packer.cli import app
 from packer.config import PackConfig
 from packer.contract.manifest import FORMAT_VERSIONS
 from packer.errors import OptionError, UsageError
@@ -76,12 +78,17 @@ def same_bytes(a: Path, b: Path) -> None:
 
 
 def pack_cli(inputs, out: Path, *extra, env=None) -> subprocess.CompletedProcess:
+    """`packer pack ... --json`, in this process; in a process of its own where `env` is given
+    (the fault knobs SIGKILL the process)."""
+    args = ["pack", *map(str, inputs), "-o", str(out), *map(str, extra), "--json"]
+    if env is None:
+        r = CliRunner().invoke(app, args, catch_exceptions=False)
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
     return subprocess.run(
-        [sys.executable, "-m", "packer", "pack", *map(str, inputs), "-o", str(out)]
-        + [*map(str, extra), "--json"],
+        [sys.executable, "-m", "packer", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **env},
         timeout=300,
     )
 
@@ -357,13 +364,8 @@ def test_format_1_outputs_are_read_and_repack_in_their_order(tmp_path, cli, one_
         ["inspect", out],
         ["pack", out, "--repack", "-L", "4096", "-o", tmp_path / "re"],
     ):
-        r = subprocess.run(
-            [sys.executable, "-m", "packer", *map(str, args)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert r.returncode == 2, (args, r.stderr)
+        r = cli(*args)
+        assert r.exit_code == 2, (args, r.stderr)
         (line,) = r.stderr.strip().splitlines()
         assert "format_version 3" in line and "upgrade packer" in line, line
 

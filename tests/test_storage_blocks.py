@@ -14,6 +14,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from conftest import make_samples, to_table, write_arrow, write_jsonl
+from typer.testing import CliRunner
+
+from packer.cli import app
 
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -35,12 +38,17 @@ def make_inputs(d: Path) -> Path:
 
 
 def pack(inputs, out, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`packer pack ... --json`, in this process; in a process of its own where `env` is given
+    (PACKER_STAGE_DIR is read once per process: a fresh process shows what the run staged)."""
+    args = ["pack", str(inputs), "-o", str(out), *ARGS, "--json", *extra]
+    if env is None:
+        r = CliRunner().invoke(app, args, catch_exceptions=False)
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
     return subprocess.run(
-        [sys.executable, "-m", "packer", "pack", str(inputs), "-o", str(out), *ARGS, "--json"]
-        + list(extra),
+        [sys.executable, "-m", "packer", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
         timeout=300,
     )
 

@@ -24,14 +24,19 @@ pytest.importorskip("moto")
 ROOT = Path(__file__).resolve().parent.parent
 PACK = ["-L", "256", "--overlength", "split", "--shard-rows", "16"]
 
-# each process waits for the `go` file, so all of them start reading in the same instant
+# each process imports what it runs, says so in a `ready-PID` file and waits for the `go`
+# file, so all of them start reading in the same instant
 _GATED = """
 import os, runpy, sys, time
 go = sys.argv[1]
+if sys.argv[2] == "dataset":
+    from packer.torch import PackedDataset
+else:
+    import packer.cli
+open(f"{go}.ready-{os.getpid()}", "w").close()
 while not os.path.exists(go):
     time.sleep(0.01)
 if sys.argv[2] == "dataset":
-    from packer.torch import PackedDataset
     ds = PackedDataset(sys.argv[3])
     print(len(ds), int(ds[len(ds) - 1]["input_ids"].sum()))
 else:
@@ -67,23 +72,29 @@ def test_concurrent_readers_share_a_cold_cache(cli, s3, tmp_path):
         "PACKER_CACHE_DIR": str(cache),
         "OMP_NUM_THREADS": "1",
     }
-    commands = [["dataset", url]] * 3 + [["verify", url, "--no-attention"]] * 3
+    commands = [["dataset", url]] * 2 + [["verify", url, "--no-attention"]] * 2
+    procs: list[subprocess.Popen] = []
     try:
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", _GATED, str(go), *args],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
+        for args in commands:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", _GATED, str(go), *args],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
             )
-            for args in commands
-        ]
-        time.sleep(1.0)
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("go.ready-*"))) < len(procs):
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline
+            time.sleep(0.05)
         go.touch()
         outputs = [p.communicate(timeout=300) for p in procs]
         results = [(p.returncode, *o) for p, o in zip(procs, outputs)]
     finally:
+        for p in procs:
+            p.kill()  # a no-op for those that ended; none is left waiting for `go`
         proxy.close()
     for code, _out, err in results:
         assert code == 0, err

@@ -2,23 +2,22 @@
 
 pyarrow's S3 readers resolve `dd/../in1/x.jsonl` to `in1/x.jsonl` while writes keep the literal
 key, so one URL would read one object and write another. Every command refuses such a URL
-before any work, in one line naming the argument, exit 2 (real processes, local S3 server).
+before any work, in one line naming the argument, exit 2 (the CLI, the local S3 server).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from conftest import make_samples, write_jsonl
+from typer.testing import CliRunner
+
+from packer.cli import app
 
 pytest.importorskip("boto3")
 pytest.importorskip("moto")
 
-ROOT = Path(__file__).resolve().parent.parent
 REASON = (
     "'.' and '..' are not allowed in an object-store URL (a key is a name, not a path); "
     "write the key without them"
@@ -26,13 +25,10 @@ REASON = (
 
 
 def packer(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "packer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=120,
-    )
+    """`packer ARGS` in this process (typer's runner: the exit code, stdout and stderr)."""
+    args = [str(a) for a in args]
+    r = CliRunner().invoke(app, args, catch_exceptions=False)
+    return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
 
 
 def test_dot_segments_are_refused_by_every_command(s3, tmp_path):

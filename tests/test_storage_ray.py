@@ -59,7 +59,9 @@ def test_ray_from_and_to_s3_gives_the_local_bytes(cli, cluster, s3, tmp_path, mo
     assert r.exit_code == 0, r.output
 
 
-def test_a_killed_ray_driver_writing_to_s3_is_resumed_with_the_local_bytes(cluster, s3, tmp_path):
+def test_a_killed_ray_driver_writing_to_s3_is_resumed_with_the_local_bytes(
+    cli, cluster, s3, tmp_path
+):
     """SIGKILL the driver while Ray's block tasks read from and upload to the store; --resume
     on Ray finds the tasks' completion records beside the output and writes the local bytes."""
     import os
@@ -81,18 +83,21 @@ def test_a_killed_ray_driver_writing_to_s3_is_resumed_with_the_local_bytes(clust
     corpus = s3.put_dir(data, "corpus")  # read in place by the tasks, on Ray
 
     def pack(out: str, *extra: str, src=corpus) -> list[str]:
-        return [sys.executable, "-m", "packer", "pack", str(src), "-o", out, *args, *extra]
+        return ["pack", str(src), "-o", out, *args, *extra]
 
     env = {**os.environ, "PYTHONPATH": root}
     local = tmp_path / "local"
-    assert subprocess.run(pack(str(local), src=data), env=env, capture_output=True).returncode == 0
+    assert cli(*pack(str(local), src=data)).exit_code == 0  # in this process
 
     def records() -> int:
         return sum(k.split("/")[-1].startswith("done-") for k in s3.keys("packed/"))
 
     on_ray = ("--engine", "ray", "--ray-address", cluster, "--json")
     proc = subprocess.Popen(
-        pack(s3.url("packed"), *on_ray), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [sys.executable, "-m", "packer", *pack(s3.url("packed"), *on_ray)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 180
@@ -109,10 +114,8 @@ def test_a_killed_ray_driver_writing_to_s3_is_resumed_with_the_local_bytes(clust
         count = records()
         still, seen = (still + 1, seen) if count == seen else (0, count)
     assert "packed/manifest.json" not in s3.keys("packed/")
-    r = subprocess.run(
-        pack(s3.url("packed"), *on_ray, "--resume"), env=env, capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stderr
+    r = cli(*pack(s3.url("packed"), *on_ray, "--resume"))  # in this process
+    assert r.exit_code == 0, r.stderr
     report = json.loads(r.stdout)
     assert (report["tasks_reused"], report["tasks_run"]) == (seen, 27 + 5 - seen)
     here = json.loads((local / "manifest.json").read_text())

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 from test_tokenize_ray_resume import ROWS, write_raw
 from tokenizers_util import PLAIN, build_tokenizer
+from typer.testing import CliRunner
+
+from packer.cli import app
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.xdist_group("ray")  # one cluster per test process: keep them together
@@ -36,12 +39,6 @@ def digests(directory: Path, pattern: str) -> dict[str, str]:
     }
 
 
-def packer(*args, cache: Path, **env) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(cache), **env}
-    cmd = [sys.executable, "-m", "packer", *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def local(tokenizer, tmp_path_factory) -> tuple[Path, Path, Path]:
     """Six batches of raw rows (the last one partial: twice the cluster's CPUs) packed by the
@@ -49,8 +46,10 @@ def local(tokenizer, tmp_path_factory) -> tuple[Path, Path, Path]:
     d = tmp_path_factory.mktemp("local")
     raw = write_raw(d / "raw.jsonl", 5 * ROWS + 300, seed=5)
     args = ["pack", raw, "--tokenizer", tokenizer, "-L", "256", *BLOCK, "-o", d / "out"]
-    r = packer(*args, "--workers", "2", cache=d / "cache")
-    assert r.returncode == 0, r.stderr
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PACKER_CACHE_DIR", str(d / "cache"))
+        r = CliRunner().invoke(app, [*map(str, args), "--workers", "2"], catch_exceptions=False)
+    assert r.exit_code == 0, r.stderr
     return raw, d / "out", d / "cache"
 
 
@@ -92,7 +91,9 @@ def _records(cache: Path) -> list[Path]:
     return list(cache.glob("tokenized/.*.packer-tmp-*/.done/part-*.json"))
 
 
-def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, local, tmp_path):
+def test_a_killed_ray_driver_resumes_its_tokenize_batches(
+    cli, cluster, tokenizer, local, tmp_path, monkeypatch
+):
     """SIGKILL the driver while the batches run on Ray: each task recorded its batch once its
     shard was written, --resume keeps exactly those and writes the local run's bytes."""
     raw, local_out, local_cache = local
@@ -118,8 +119,9 @@ def test_a_killed_ray_driver_resumes_its_tokenize_batches(cluster, tokenizer, lo
         still, seen = (still + 1, seen) if count == seen else (0, count)
     assert seen > 0 and not (tmp_path / "out").exists()
 
-    resumed = packer(*on_ray, "--resume", cache=cache)
-    assert resumed.returncode == 0, resumed.stderr
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(cache))
+    resumed = cli(*on_ray, "--resume")
+    assert resumed.exit_code == 0, resumed.stderr
     kept = "1 batch" if seen == 1 else f"{seen} batches"
     assert f"{kept} kept from the killed run" in resumed.stderr, (seen, resumed.stderr)
     assert digests(tmp_path / "out", "shard-*") == digests(local_out, "shard-*")

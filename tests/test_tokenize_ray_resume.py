@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 from tokenizers_util import PLAIN, build_tokenizer, generated_chat, sentence
+from typer.testing import CliRunner
+
+from packer.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 1024  # rows per batch (`packer.tokenize.files.BATCH_ROWS`)
@@ -40,8 +43,18 @@ def write_raw(path: Path, n: int, seed: int = 0) -> Path:
 
 
 def packer(*args, env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    cmd = [sys.executable, "-m", "packer", *map(str, args)]
+    """`packer ARGS`, in this process with `env` set; in a process of its own where `env` holds
+    a fault knob (PACKER_FAULT_KILL_AT_TOKENIZED SIGKILLs the process)."""
+    args = [str(a) for a in args]
+    env = env or {}
+    if not any(name.startswith("PACKER_FAULT_") for name in env):
+        with pytest.MonkeyPatch.context() as mp:
+            for name, value in env.items():
+                mp.setenv(name, value)
+            r = CliRunner().invoke(app, args, catch_exceptions=False)
+        return subprocess.CompletedProcess(args, r.exit_code, r.stdout, r.stderr)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **env}
+    cmd = [sys.executable, "-m", "packer", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
 
 

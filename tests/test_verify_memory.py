@@ -160,16 +160,16 @@ def test_verify_under_a_small_budget_passes_within_it(long_rows):
     assert peak < bound, f"peak RSS {peak / MiB:.0f} MiB, bound {bound / MiB:.0f} MiB"
 
 
-def test_a_budget_below_the_rows_is_refused_in_one_line(long_rows):
-    res, _ = _peak_rss("verify", str(long_rows), "--memory-budget", "16MiB")
-    assert res.returncode == 2
+def test_a_budget_below_the_rows_is_refused_in_one_line(cli, long_rows):
+    res = cli("verify", long_rows, "--memory-budget", "16MiB")  # in this process
+    assert res.exit_code == 2
     assert res.stderr.strip() == (
         f"error: the attention check needs about {M.gib(M.verify_needs(8192, 4).bytes)} for "
         "rows of 8,192 tokens, more than "
         "--memory-budget 16 MiB: raise --memory-budget, or pass --no-attention"
     )
-    res, _ = _peak_rss("verify", str(long_rows), "--model-check", "--memory-budget", "512MiB")
-    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    res = cli("verify", long_rows, "--model-check", "--memory-budget", "512MiB")
+    assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "--model-check needs about" in res.stderr and "leave out --model-check" in res.stderr
 
 
@@ -180,9 +180,9 @@ def test_the_library_names_the_parameter(long_rows):
         packer.verify.verify(long_rows, memory_budget="lots")
 
 
-def test_a_missing_output_is_no_such_directory(tmp_path):
-    res, _ = _peak_rss("verify", str(tmp_path / "dem0"))
-    assert res.returncode == 2
+def test_a_missing_output_is_no_such_directory(cli, tmp_path):
+    res = cli("verify", tmp_path / "dem0")
+    assert res.exit_code == 2
     assert res.stderr.strip() == f"error: {tmp_path / 'dem0'}: no such directory"
 
 
