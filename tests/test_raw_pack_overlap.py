@@ -5,36 +5,49 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
+import packer.pipelines.warmup as warmup
 from packer.cli.raw import warming_meanwhile
 from packer.config import PackConfig
 
-
-def _warmup_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "packer-jit-warmup"]
+STRATEGY = PackConfig(max_len=8).strategy
 
 
-def test_the_kernels_load_from_the_first_batch_done_and_the_thread_is_joined():
+@pytest.fixture
+def started(monkeypatch) -> list:
+    """The warm-ups started, each (strategy, its Warming)."""
+    calls = []
+    real = warmup.start_warming
+
+    def start(strategy):
+        calls.append((strategy, real(strategy)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(warmup, "start_warming", start)
+    return calls
+
+
+def test_the_kernels_load_from_the_first_batch_done_and_the_thread_is_joined(started):
     seen = []
-    with warming_meanwhile(PackConfig(max_len=8).strategy, lambda *a: seen.append(a)) as report:
-        assert not _warmup_threads()  # nothing before the pool has forked and reported
+    before = threading.active_count()
+    with warming_meanwhile(STRATEGY, lambda *a: seen.append(a)) as report:
+        assert not started and threading.active_count() == before  # the pool may still fork
         report("tokenize", 1024, 0, "1,024 lines")
-        started = _warmup_threads()
-        assert len(started) == 1
         report("tokenize", 2048, 0, "2,048 lines")
-        assert _warmup_threads() == started  # started once
-    assert not any(t.is_alive() for t in started)  # joined: a later pool may fork
+        assert [s for s, _ in started] == [STRATEGY]  # started once
+    assert not started[0][1]._thread.is_alive()  # joined: a later pool may fork
     assert seen == [("tokenize", 1024, 0, "1,024 lines"), ("tokenize", 2048, 0, "2,048 lines")]
 
 
-def test_without_a_progress_display_the_kernels_still_load():
-    with warming_meanwhile(PackConfig(max_len=8).strategy, None) as report:
+def test_without_a_progress_display_the_kernels_still_load(started):
+    with warming_meanwhile(STRATEGY, None) as report:
         report("tokenize", 1, 0, "")
-        assert len(_warmup_threads()) == 1
-    assert not _warmup_threads() or not _warmup_threads()[0].is_alive()
+    assert len(started) == 1 and not started[0][1]._thread.is_alive()
 
 
-def test_an_engine_run_is_left_alone():
+def test_an_engine_run_is_left_alone(started):
     shown = object()
     with warming_meanwhile(None, shown) as report:
         assert report is shown
-    assert not _warmup_threads()
+    assert not started
