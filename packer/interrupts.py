@@ -12,6 +12,7 @@ output is in place already and an exit status of 130/143 would say that nothing 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -189,7 +190,7 @@ def commit_point(where: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _fault_pause("before")
+    _fault_pause("commit before")
     raise_if_interrupted()  # a swallowed interrupt stops the run before, not after, its commit
     received: list[int] = []
     previous = {}
@@ -197,7 +198,7 @@ def commit_point(where: str) -> Iterator[None]:
         previous[signum] = signal.signal(signum, lambda s, _f: received.append(s))
     done = False
     try:
-        _fault_pause("held")
+        _fault_pause("commit held")
         yield
         done = True
     finally:
@@ -207,17 +208,17 @@ def commit_point(where: str) -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         if done:
-            _fault_pause("done")
+            _fault_pause("commit done")
         if received:
             _deliver(received[0], previous[received[0]])
 
 
-def _fault_pause(point: str) -> None:
-    """Fault injection for tests: with PACKER_FAULT_COMMIT_PAUSE=S set, the run says on stderr
-    that it reached `point` of its commit point (before, held, done) and waits S seconds."""
-    pause = os.environ.get("PACKER_FAULT_COMMIT_PAUSE")
+def _fault_pause(point: str, variable: str = "PACKER_FAULT_COMMIT_PAUSE") -> None:
+    """Fault injection for tests: with `variable`=S set, the run says on stderr that it reached
+    `point` (of its commit point: before, held, done; or `preparing`) and waits S seconds."""
+    pause = os.environ.get(variable)
     if pause:
-        sys.stderr.write(f"packer-fault: commit {point}\n")
+        sys.stderr.write(f"packer-fault: {point}\n")
         sys.stderr.flush()
         time.sleep(float(pause))
 
@@ -279,12 +280,56 @@ def reported() -> bool:
     return _exiting.is_set()
 
 
+_json_exit: list[bool] = []  # `preparing(json_out=True)`: the exit also prints the JSON error
+_command_line = threading.Event()  # this process is packer's command line (its handlers)
+
+
 def _exit_at_start(signum, frame):
     what, code = (
         ("terminated", 143) if signum == getattr(signal, "SIGTERM", None) else ("interrupted", 130)
     )
-    os.write(2, f"error: {what}; no partial output was left\n".encode())
+    message = f"{what}; no partial output was left"
+    os.write(2, f"error: {message}\n".encode())
+    if _json_exit:
+        os.write(1, (json.dumps({"error": message, "exit_code": code}) + "\n").encode())
     os._exit(code)
+
+
+@contextmanager
+def preparing(json_out: bool = False) -> Iterator[None]:
+    """For imports and the first call of each numba kernel, done before a run makes anything.
+
+    They load extension modules and machine code (llvmlite, numba's JIT cache), and an interrupt
+    raised at any bytecode in there leaves that state half made: the process then dies after
+    its error line (SIGSEGV, `free(): double free`, a `TypeError` out of an import), not with
+    130/143. So a command line (whose handlers `interrupt_once_until_exit` installed) that a
+    signal reaches here exits at once with its one line (and the JSON error, with `json_out`):
+    nothing has been made yet. A library caller's signals are held until the block ends. Where
+    an output is in place already (`pack --export`), signals are recorded, not raised, as they
+    were."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or _committed.is_set()
+        or signal.getsignal(signal.SIGINT) is _exit_at_start  # inside an outer `preparing`
+    ):
+        yield
+        return
+    raise_if_interrupted()  # one that something swallowed stops the run here, before the imports
+    if not _command_line.is_set() or signal.getsignal(signal.SIGINT) is not _interrupt_once:
+        with deferred_signals():
+            yield
+        return
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    _json_exit[:] = [True] if json_out else []
+    for signum, handler in previous.items():
+        if handler is _interrupt_once:  # not a signal the caller ignores
+            signal.signal(signum, _exit_at_start)
+    try:
+        _fault_pause("preparing", "PACKER_FAULT_PREPARE_PAUSE")
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def exit_while_starting() -> None:
@@ -348,6 +393,7 @@ def interrupt_once_until_exit() -> None:
         _outputs.clear()
         _once_handlers(sigterm_default=True)
         sys.unraisablehook = _unraisable_hook
+        _command_line.set()
 
 
 def ignore_interrupts() -> None:
