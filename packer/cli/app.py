@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import typer
@@ -305,6 +305,10 @@ def run() -> None:
         sigterm_seen,
     )
 
+    # typer imports what converts option values (0.2x: pydantic, `_decimal` with it) on the first
+    # parse: here instead, where a signal ends the command at once, not inside a module's init
+    with suppress(ImportError):
+        import typer._adapters  # noqa: F401
     interrupt_once_until_exit()  # a second Ctrl-C cannot break the clean-up or the error line
     try:
         code = app(standalone_mode=False)

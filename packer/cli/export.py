@@ -66,10 +66,10 @@ def export_command(
     debug: bool = DEBUG,
 ) -> None:
     """Write a packer output as Megatron-Bridge, Megatron-LM, MosaicML MDS or TRL data."""
-    from packer.cli.render import print_warnings, stderr
     from packer.interrupts import preparing
 
     with preparing(json_out=json_out):  # a signal in the imports and loads exits at once
+        from packer.cli.render import print_warnings, stderr
         from packer.export import export
         from packer.export.kernels import load
 
