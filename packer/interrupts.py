@@ -60,8 +60,53 @@ def _raise_terminated(signum, frame):
     if _committed.is_set():
         _late.append(signum)
         return
+    if _past_imports(_raise_terminated, signum, frame):
+        return
+    _release_held()
     _sigterm_seen.set()
     raise Terminated()
+
+
+_IMPORT_SYSTEM = "<frozen importlib._bootstrap>"
+_held: dict = {}  # while `_past_imports` waits: the tracer it replaced, the frames it traces
+
+
+def _past_imports(handler, signum: int, frame) -> bool:
+    """Whether the main thread runs the import system's own code (`frame`), where it takes and
+    releases its locks: an exception raised between `_imp.acquire_lock()` and the `try` that
+    releases it (a module lock's weakref callback) leaves the lock held, and every later import
+    waits for ever (a `pack` hung so). `handler` then runs at the first line of Python past that
+    code, from a trace function: a signal sent again would run the handler at once, inside
+    itself, and one sent later could land past the commit point."""
+    if frame is None or frame.f_code.co_filename != _IMPORT_SYSTEM:
+        return False
+    if _held:  # one is waiting already
+        return True
+
+    def trace(f, event, arg):
+        if not _held:
+            return None
+        if f.f_code.co_filename == _IMPORT_SYSTEM:
+            return trace
+        _release_held()
+        handler(signum, f)  # raises here; Python then turns tracing off (a debugger's too)
+        return None
+
+    _held["previous"], _held["frames"] = sys.gettrace(), []
+    while frame is not None:
+        frame.f_trace = trace
+        _held["frames"].append(frame)
+        frame = frame.f_back
+    sys.settrace(trace)
+    return True
+
+
+def _release_held() -> None:
+    """Stop waiting for the end of the import system's code: its interrupt is raised now."""
+    if _held:
+        for frame in _held.pop("frames"):
+            frame.f_trace = None
+        sys.settrace(_held.pop("previous"))
 
 
 def sigterm_seen() -> bool:
@@ -113,8 +158,11 @@ def _interrupt_once(signum, frame):
         return
     if _interrupted.is_set() and _stopping():
         return
+    if _past_imports(_interrupt_once, signum, frame):
+        return
     # not SIG_IGN here: a second signal caught meanwhile, still pending, would be reported as
     # "ignored due to race condition"; the CLI ignores them once it exits (`ignore_interrupts`)
+    _release_held()
     _interrupted.set()
     raise _interrupt_for(signum)
 
@@ -297,16 +345,12 @@ def _exit_at_start(signum, frame):
 
 @contextmanager
 def preparing(json_out: bool = False) -> Iterator[None]:
-    """For imports and the first call of each numba kernel, done before a run makes anything.
-
-    They load extension modules and machine code (llvmlite, numba's JIT cache), and an interrupt
-    raised at any bytecode in there leaves that state half made: the process then dies after
-    its error line (SIGSEGV, `free(): double free`, a `TypeError` out of an import), not with
-    130/143. So a command line (whose handlers `interrupt_once_until_exit` installed) that a
-    signal reaches here exits at once with its one line (and the JSON error, with `json_out`):
-    nothing has been made yet. A library caller's signals are held until the block ends. Where
-    an output is in place already (`pack --export`), signals are recorded, not raised, as they
-    were."""
+    """For imports and the first call of each numba kernel, before a run makes anything: they
+    load extension modules and machine code (llvmlite, numba's JIT cache), and an interrupt
+    raised inside leaves them half made (then SIGSEGV, `free(): double free`, a `TypeError` out
+    of an import). A command line that a signal reaches here exits at once with its one line
+    (and the JSON error, with `json_out`): nothing has been made yet. A library caller's signals
+    are held until the block ends; after a commit (`pack --export`) they stay late."""
     if (
         threading.current_thread() is not threading.main_thread()
         or _committed.is_set()

@@ -277,3 +277,28 @@ def test_a_library_callers_ctrl_c_comes_after_the_load():
     finally:
         signal.signal(signal.SIGINT, previous)
     assert done == [True]
+
+
+def test_an_interrupt_waits_for_the_import_systems_own_code():
+    """A signal that comes while the main thread runs importlib's lock code (here: code named
+    as importlib's) is raised at the first bytecode after it, never inside it, where it would
+    leave the import lock held."""
+    from packer.interrupts import interrupt_once
+
+    source = (
+        "def section(log, signal):\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "    for _ in range(1000):\n"
+        "        log.append(1)\n"
+    )
+    scope: dict = {}
+    exec(compile(source, "<frozen importlib._bootstrap>", "exec"), scope)
+    log: list = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt_once():
+            scope["section"](log, signal)
+            log.append("after")  # the interrupt lands before this
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert log == [1] * 1000
