@@ -306,9 +306,10 @@ def run() -> None:
     )
 
     # typer imports what converts option values (0.2x: pydantic, `_decimal` with it) on the first
-    # parse: here instead, where a signal ends the command at once, not inside a module's init
-    with suppress(ImportError):
-        import typer._adapters  # noqa: F401
+    # parse of a command's options: here instead, where a signal ends the command at once
+    if sys.argv[1:2] and not sys.argv[1].startswith("-"):
+        with suppress(ImportError):
+            import typer._adapters  # noqa: F401
     interrupt_once_until_exit()  # a second Ctrl-C cannot break the clean-up or the error line
     try:
         code = app(standalone_mode=False)
