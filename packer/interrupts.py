@@ -60,34 +60,35 @@ def _raise_terminated(signum, frame):
     if _committed.is_set():
         _late.append(signum)
         return
-    if _past_imports(_raise_terminated, signum, frame):
+    if _past_unsafe(_raise_terminated, signum, frame):
         return
     _release_held()
     _sigterm_seen.set()
     raise Terminated()
 
 
-_IMPORT_SYSTEM = "<frozen importlib._bootstrap>"
-_held: dict = {}  # while `_past_imports` waits: the tracer it replaced, the frames it traces
+_LLVMLITE = os.path.join("llvmlite", "binding", "")
+_held: dict = {}  # while `_past_unsafe` waits: the tracer it replaced, the frames it traces
 
 
-def _past_imports(handler, signum: int, frame) -> bool:
-    """Whether the main thread runs the import system's own code (`frame`), where it takes and
-    releases its locks: an exception raised between `_imp.acquire_lock()` and the `try` that
-    releases it (a module lock's weakref callback) leaves the lock held, and every later import
-    waits for ever (a `pack` hung so). `handler` then runs at the first line of Python past that
-    code, from a trace function: a signal sent again would run the handler at once, inside
-    itself, and one sent later could land past the commit point."""
-    if frame is None or frame.f_code.co_filename != _IMPORT_SYSTEM:
+def _unsafe(code) -> bool:
+    """Code an exception must not stop: importlib's lock code (raised between `_imp.acquire_lock()`
+    and its `try`, it leaves the lock held and every later import waits: a `pack` hung so), and
+    llvmlite's wrappers (a native object left half made: its `__del__` fails, or frees twice)."""
+    return code.co_filename == "<frozen importlib._bootstrap>" or _LLVMLITE in code.co_filename
+
+
+def _past_unsafe(handler, signum: int, frame) -> bool:
+    """Whether the main thread runs `_unsafe` code (`frame`); `handler` then runs at the first line
+    past it, from a trace function (a signal sent again runs it at once, inside itself)."""
+    if frame is None or not _unsafe(frame.f_code):
         return False
     if _held:  # one is waiting already
         return True
 
     def trace(f, event, arg):
-        if not _held:
-            return None
-        if f.f_code.co_filename == _IMPORT_SYSTEM:
-            return trace
+        if not _held or _unsafe(f.f_code):
+            return trace if _held else None
         _release_held()
         handler(signum, f)  # raises here; Python then turns tracing off (a debugger's too)
         return None
@@ -102,7 +103,7 @@ def _past_imports(handler, signum: int, frame) -> bool:
 
 
 def _release_held() -> None:
-    """Stop waiting for the end of the import system's code: its interrupt is raised now."""
+    """Stop waiting for the end of `_unsafe` code: the interrupt is raised now."""
     if _held:
         for frame in _held.pop("frames"):
             frame.f_trace = None
@@ -158,7 +159,7 @@ def _interrupt_once(signum, frame):
         return
     if _interrupted.is_set() and _stopping():
         return
-    if _past_imports(_interrupt_once, signum, frame):
+    if _past_unsafe(_interrupt_once, signum, frame):
         return
     # not SIG_IGN here: a second signal caught meanwhile, still pending, would be reported as
     # "ignored due to race condition"; the CLI ignores them once it exits (`ignore_interrupts`)

@@ -279,10 +279,15 @@ def test_a_library_callers_ctrl_c_comes_after_the_load():
     assert done == [True]
 
 
-def test_an_interrupt_waits_for_the_import_systems_own_code():
-    """A signal that comes while the main thread runs importlib's lock code (here: code named
-    as importlib's) is raised at the first bytecode after it, never inside it, where it would
-    leave the import lock held."""
+@pytest.mark.parametrize(
+    "where",
+    ["<frozen importlib._bootstrap>", os.path.join("site", "llvmlite", "binding", "ffi.py")],
+    ids=["importlib", "llvmlite"],
+)
+def test_an_interrupt_waits_for_the_end_of_code_it_would_break(where):
+    """A signal that comes while the main thread runs importlib's lock code or llvmlite's
+    wrappers (here: code named as theirs) is raised at the first line after it, not inside it,
+    where it would leave the import lock held or a native object half made."""
     from packer.interrupts import interrupt_once
 
     source = (
@@ -292,7 +297,7 @@ def test_an_interrupt_waits_for_the_import_systems_own_code():
         "        log.append(1)\n"
     )
     scope: dict = {}
-    exec(compile(source, "<frozen importlib._bootstrap>", "exec"), scope)
+    exec(compile(source, where, "exec"), scope)
     log: list = []
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
