@@ -359,12 +359,12 @@ def preparing(json_out: bool = False) -> Iterator[None]:
     ):
         yield
         return
-    raise_if_interrupted()  # one that something swallowed stops the run here, before the imports
     previous = {s: signal.getsignal(s) for s in _SIGNALS}
     if not _command_line.is_set() or _interrupt_once not in previous.values():
         with deferred_signals():
             yield
         return
+    raise_if_interrupted()  # one that something swallowed stops the run here, before the imports
     _json_exit[:] = [True] if json_out else []
     for signum, handler in previous.items():
         if handler is _interrupt_once:  # not a signal the caller ignores

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Optional
 
@@ -180,6 +181,10 @@ def verify(
         from packer.cli.render import stderr
         from packer.cli.render_verify import verify_table
         from packer.verify import verify as run_verify
+
+        if not no_attention:  # torch too: a signal inside its init aborts the process
+            with suppress(ImportError):
+                importlib.import_module("torch")
     raw = (tokenizer, chat_template, train_on)
     with (
         user_errors(debug),
