@@ -12,6 +12,7 @@ output is in place already and an exit status of 130/143 would say that nothing 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -59,8 +60,54 @@ def _raise_terminated(signum, frame):
     if _committed.is_set():
         _late.append(signum)
         return
+    if _past_unsafe(_raise_terminated, signum, frame):
+        return
+    _release_held()
     _sigterm_seen.set()
     raise Terminated()
+
+
+_LLVMLITE = os.path.join("llvmlite", "binding", "")
+_held: dict = {}  # while `_past_unsafe` waits: the tracer it replaced, the frames it traces
+
+
+def _unsafe(code) -> bool:
+    """Code an exception must not stop: importlib's lock code (raised between `_imp.acquire_lock()`
+    and its `try`, it leaves the lock held and every later import waits: a `pack` hung so), and
+    llvmlite's wrappers (a native object left half made: its `__del__` fails, or frees twice)."""
+    return code.co_filename == "<frozen importlib._bootstrap>" or _LLVMLITE in code.co_filename
+
+
+def _past_unsafe(handler, signum: int, frame) -> bool:
+    """Whether the main thread runs `_unsafe` code (`frame`); `handler` then runs at the first line
+    past it, from a trace function (a signal sent again runs it at once, inside itself)."""
+    if frame is None or not _unsafe(frame.f_code):
+        return False
+    if _held:  # one is waiting already
+        return True
+
+    def trace(f, event, arg):
+        if not _held or _unsafe(f.f_code):
+            return trace if _held else None
+        _release_held()
+        handler(signum, f)  # raises here; Python then turns tracing off (a debugger's too)
+        return None
+
+    _held["previous"], _held["frames"] = sys.gettrace(), []
+    while frame is not None:
+        frame.f_trace = trace
+        _held["frames"].append(frame)
+        frame = frame.f_back
+    sys.settrace(trace)
+    return True
+
+
+def _release_held() -> None:
+    """Stop waiting for the end of `_unsafe` code: the interrupt is raised now."""
+    if _held:
+        for frame in _held.pop("frames"):
+            frame.f_trace = None
+        sys.settrace(_held.pop("previous"))
 
 
 def sigterm_seen() -> bool:
@@ -112,8 +159,11 @@ def _interrupt_once(signum, frame):
         return
     if _interrupted.is_set() and _stopping():
         return
+    if _past_unsafe(_interrupt_once, signum, frame):
+        return
     # not SIG_IGN here: a second signal caught meanwhile, still pending, would be reported as
     # "ignored due to race condition"; the CLI ignores them once it exits (`ignore_interrupts`)
+    _release_held()
     _interrupted.set()
     raise _interrupt_for(signum)
 
@@ -189,7 +239,7 @@ def commit_point(where: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    _fault_pause("before")
+    _fault_pause("commit before")
     raise_if_interrupted()  # a swallowed interrupt stops the run before, not after, its commit
     received: list[int] = []
     previous = {}
@@ -197,7 +247,7 @@ def commit_point(where: str) -> Iterator[None]:
         previous[signum] = signal.signal(signum, lambda s, _f: received.append(s))
     done = False
     try:
-        _fault_pause("held")
+        _fault_pause("commit held")
         yield
         done = True
     finally:
@@ -207,17 +257,17 @@ def commit_point(where: str) -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         if done:
-            _fault_pause("done")
+            _fault_pause("commit done")
         if received:
             _deliver(received[0], previous[received[0]])
 
 
-def _fault_pause(point: str) -> None:
-    """Fault injection for tests: with PACKER_FAULT_COMMIT_PAUSE=S set, the run says on stderr
-    that it reached `point` of its commit point (before, held, done) and waits S seconds."""
-    pause = os.environ.get("PACKER_FAULT_COMMIT_PAUSE")
+def _fault_pause(point: str, variable: str = "PACKER_FAULT_COMMIT_PAUSE") -> None:
+    """Fault injection for tests: with `variable`=S set, the run says on stderr that it reached
+    `point` (of its commit point: before, held, done; or `preparing`) and waits S seconds."""
+    pause = os.environ.get(variable)
     if pause:
-        sys.stderr.write(f"packer-fault: commit {point}\n")
+        sys.stderr.write(f"packer-fault: {point}\n")
         sys.stderr.flush()
         time.sleep(float(pause))
 
@@ -279,12 +329,52 @@ def reported() -> bool:
     return _exiting.is_set()
 
 
+_json_exit: list[bool] = []  # `preparing(json_out=True)`: the exit also prints the JSON error
+_command_line = threading.Event()  # this process is packer's command line (its handlers)
+
+
 def _exit_at_start(signum, frame):
     what, code = (
         ("terminated", 143) if signum == getattr(signal, "SIGTERM", None) else ("interrupted", 130)
     )
-    os.write(2, f"error: {what}; no partial output was left\n".encode())
+    message = f"{what}; no partial output was left"
+    os.write(2, f"error: {message}\n".encode())
+    if _json_exit:
+        os.write(1, (json.dumps({"error": message, "exit_code": code}) + "\n").encode())
     os._exit(code)
+
+
+@contextmanager
+def preparing(json_out: bool = False) -> Iterator[None]:
+    """For imports and the first call of each numba kernel, before a run makes anything: they
+    load extension modules and machine code (llvmlite, numba's JIT cache), and an interrupt
+    raised inside leaves them half made (then SIGSEGV, `free(): double free`, a `TypeError` out
+    of an import). A command line that a signal reaches here exits at once with its one line
+    (and the JSON error, with `json_out`): nothing has been made yet. A library caller's signals
+    are held until the block ends; after a commit (`pack --export`) they stay late."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or _committed.is_set()
+        or signal.getsignal(signal.SIGINT) is _exit_at_start  # inside an outer `preparing`
+    ):
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in _SIGNALS}
+    if not _command_line.is_set() or _interrupt_once not in previous.values():
+        with deferred_signals():
+            yield
+        return
+    raise_if_interrupted()  # one that something swallowed stops the run here, before the imports
+    _json_exit[:] = [True] if json_out else []
+    for signum, handler in previous.items():
+        if handler is _interrupt_once:  # not a signal the caller ignores
+            signal.signal(signum, _exit_at_start)
+    try:
+        _fault_pause("preparing", "PACKER_FAULT_PREPARE_PAUSE")
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def exit_while_starting() -> None:
@@ -348,6 +438,7 @@ def interrupt_once_until_exit() -> None:
         _outputs.clear()
         _once_handlers(sigterm_default=True)
         sys.unraisablehook = _unraisable_hook
+        _command_line.set()
 
 
 def ignore_interrupts() -> None:

@@ -11,6 +11,7 @@ temporary directory.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -202,3 +203,107 @@ def test_the_export_and_repack_paths_import_no_pandas(packed, tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_export_loads_its_code_ends_it_at_once(packed, tmp_path, signum):
+    """The export's imports and its kernels' first load (numba's cache, llvmlite) come before
+    it makes anything: a signal there ends it at once with its line (and --json's object),
+    where an interrupt raised inside them left them half made (exit -11, a double free)."""
+    dest = tmp_path / "x"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAULT_PREPARE_PAUSE": "60"}
+    args = ["export", packed, "--to", "mds", "-o", dest, "--json"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_sigint,
+    )
+    first = proc.stderr.readline()
+    assert first == "packer-fault: preparing\n", first + proc.stderr.read()
+    # the pause comes before the export's imports: numba's llvmlite is not loaded yet
+    assert "llvmlite" not in Path(f"/proc/{proc.pid}/maps").read_text()
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    code, message = CODES[signum], LINES[signum][len("error: ") : -1]
+    assert (proc.returncode, stderr) == (code, LINES[signum])
+    assert json.loads(stdout) == {"error": message, "exit_code": code}
+    assert not dest.exists() and leftovers(tmp_path) == []
+
+
+def test_an_export_runs_only_the_kernel_code_it_loaded_first(tmp_path):
+    """`kernels.load` covers every argument type an export passes its kernels (padded rows or
+    not, each format): none is loaded later, in the middle of the run, where signals raise."""
+    script = f"""
+import json, pathlib
+from packer import PackConfig, pack
+from packer.export import export, kernels
+root = pathlib.Path({str(tmp_path)!r})
+data = root / "in.jsonl"
+rows = [{{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}}, {{"input_ids": [8], "labels": [8]}}]
+data.write_text("".join(json.dumps(r) + "\\n" for r in rows))
+every = (kernels.first_bad_position_row, kernels.put_bytes, kernels.put_shapes)
+kernels.load()
+loaded = [list(k.signatures) for k in every]
+for pad in (False, True):
+    pack([data], root / f"p{{pad}}", PackConfig(max_len=8, pad=pad))
+    for to in ("mds", "megatron", "trl", "megatron-bridge"):
+        export(root / f"p{{pad}}", to, root / f"{{to}}-{{pad}}")
+print([[s for s in k.signatures if s not in seen] for k, seen in zip(every, loaded)])
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[[], [], []]\n"
+
+
+def test_a_library_callers_ctrl_c_comes_after_the_load():
+    """In a program (not the command line) a Ctrl-C inside `preparing` is held, then raised."""
+    from packer.interrupts import preparing
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt), preparing():
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.01)  # Python's handlers run between bytecodes: here, had it raised
+            done.append(True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done == [True]
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["<frozen importlib._bootstrap>", os.path.join("site", "llvmlite", "binding", "ffi.py")],
+    ids=["importlib", "llvmlite"],
+)
+def test_an_interrupt_waits_for_the_end_of_code_it_would_break(where):
+    """A signal that comes while the main thread runs importlib's lock code or llvmlite's
+    wrappers (here: code named as theirs) is raised at the first line after it, not inside it,
+    where it would leave the import lock held or a native object half made."""
+    from packer.interrupts import interrupt_once
+
+    source = (
+        "def section(log, signal):\n"
+        "    signal.raise_signal(signal.SIGINT)\n"
+        "    for _ in range(1000):\n"
+        "        log.append(1)\n"
+    )
+    scope: dict = {}
+    exec(compile(source, where, "exec"), scope)
+    log: list = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt), interrupt_once():
+            scope["section"](log, signal)
+            log.append("after")  # the interrupt lands before this
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert log == [1] * 1000

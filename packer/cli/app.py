@@ -7,8 +7,9 @@ user can act on (`PackerError`) become one line on stderr and a non-zero exit co
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import typer
@@ -305,6 +306,11 @@ def run() -> None:
         sigterm_seen,
     )
 
+    # typer imports what converts option values (0.2x: pydantic, `_decimal` with it) on the first
+    # parse of a command's options: here instead, where a signal ends the command at once
+    if sys.argv[1:2] and not sys.argv[1].startswith("-"):
+        with suppress(ImportError):  # (not `import typer._adapters`: it would bind `typer` here)
+            importlib.import_module("typer._adapters")
     interrupt_once_until_exit()  # a second Ctrl-C cannot break the clean-up or the error line
     try:
         code = app(standalone_mode=False)

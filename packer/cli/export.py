@@ -66,9 +66,14 @@ def export_command(
     debug: bool = DEBUG,
 ) -> None:
     """Write a packer output as Megatron-Bridge, Megatron-LM, MosaicML MDS or TRL data."""
-    from packer.cli.render import print_warnings, stderr
-    from packer.export import export
+    from packer.interrupts import preparing
 
+    with preparing(json_out=json_out):  # a signal in the imports and loads exits at once
+        from packer.cli.render import print_warnings, stderr
+        from packer.export import export
+        from packer.export.kernels import load
+
+        load()
     with user_errors(debug):
         result = export(
             directory,

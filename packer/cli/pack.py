@@ -37,7 +37,7 @@ from packer.cli.raw import (
     raw_source,
     tokenize_for_pack,
 )
-from packer.config import ENGINES, ON_ERROR
+from packer.config import ENGINES, ON_ERROR, build_config
 from packer.contract.names import POLICIES
 from packer.hashing import ALGORITHMS
 from packer.planning.choices import ROW_ORDERS, STRATEGIES
@@ -282,10 +282,10 @@ def pack(
     debug: bool = DEBUG,
 ) -> None:
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
-    from packer.cli.render import print_warnings, progress_bars
-    from packer.config import build_config
-    from packer.interrupts import sigterm_as_interrupt
+    from packer.interrupts import preparing, sigterm_as_interrupt
 
+    with preparing(json_out=json_out):  # a signal in rich's imports ends the command at once
+        from packer.cli.render import print_warnings, progress_bars
     with user_errors(debug):
         set_storage_options(storage_option)
         if not inputs and not mix and config is None:

@@ -111,9 +111,10 @@ def tokenize(
     debug: bool = DEBUG,
 ) -> None:
     """Tokenize raw chats and texts into Parquet shards that packer pack reads."""
-    from packer.interrupts import sigterm_as_interrupt
-    from packer.tokenize.run import tokenize as run_tokenize
+    from packer.interrupts import preparing, sigterm_as_interrupt
 
+    with preparing(json_out=json_out):  # a signal in the imports ends the command at once
+        from packer.tokenize.run import tokenize as run_tokenize
     with user_errors(debug):
         set_storage_options(storage_option)
         runs_on = engine_runner(engine, ray_address, workers)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Optional
 
@@ -172,12 +173,18 @@ def verify(
 
     On the CPU the attention and model checks run torch on every core: OMP_NUM_THREADS=N sets
     how many (on a busy machine 1 is often fastest)."""
-    from rich.markup import escape
+    from packer.interrupts import preparing
 
-    from packer.cli.render import stderr
-    from packer.cli.render_verify import verify_table
-    from packer.verify import verify as run_verify
+    with preparing(json_out=json_out):  # a signal in the imports ends the command at once
+        from rich.markup import escape
 
+        from packer.cli.render import stderr
+        from packer.cli.render_verify import verify_table
+        from packer.verify import verify as run_verify
+
+        if not no_attention:  # torch too: a signal inside its init aborts the process
+            with suppress(ImportError):
+                importlib.import_module("torch")
     raw = (tokenizer, chat_template, train_on)
     with (
         user_errors(debug),

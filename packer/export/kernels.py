@@ -5,6 +5,9 @@ four seconds on a 450M-token output; this loop costs a tenth of that."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from packer.interrupts import preparing
 from packer.jit import kernel
 
 
@@ -53,3 +56,20 @@ def put_shapes(counts, out, dst):
         out[p] = 4 | code
         for b in range(width):
             out[p + 1 + b] = (n >> (8 * b)) & 255
+
+
+def load() -> None:
+    """Load every kernel here (from numba's cache, or compile it) with the argument types an
+    export passes: a shard's mapped columns are read-only, the encoder's own arrays are not.
+    An export does it before it makes anything, and a signal cannot land inside the load: see
+    `packer.interrupts.preparing`. Each call here touches no element out of its arrays."""
+    with preparing():
+        mapped = np.zeros(2, np.int32)
+        mapped.setflags(write=False)
+        first_bad_position_row(mapped, mapped, mapped, mapped)
+        out, offsets, at = np.zeros(9, np.uint8), np.zeros(2, np.int64), np.zeros(1, np.int64)
+        for writable in (True, False):
+            data = np.zeros(1, np.uint8)
+            data.setflags(write=writable)
+            put_bytes(data, offsets, out, at)
+        put_shapes(np.zeros(1, np.int64), out, at)

@@ -22,7 +22,7 @@ import numpy as np
 
 from packer.arguments import parse_size
 from packer.errors import InputError, PackerError, UsageError, option
-from packer.export import mds, megatron, megatron_bridge, trl
+from packer.export import kernels, mds, megatron, megatron_bridge, trl
 from packer.export.rows import label_mismatch, row_of_token
 from packer.export.source import Source, open_source
 from packer.hashing import file_digest
@@ -129,6 +129,7 @@ def _export(
     total_rows = int(source.manifest.get("stats", {}).get("rows", 0))
     config = source.manifest["config"]
     multiple = config_multiple(config)
+    kernels.load()  # before anything is made: a signal cannot land inside the load
     tmp = start(dest)
     notes = _NOTES[to] if config.get("pad") else _unpadded(_NOTES[to])
     result = ExportResult(dest, to, notes=notes + _cp_notes(to, config))
@@ -444,7 +445,6 @@ def _refuse_label_mismatch(batch) -> None:
     raise UsageError(
         f"row {row}: label {label} differs from its input id {ident}; Megatron-Bridge derives "
         f"targets from the input ids and keeps only a loss mask; pass "
-        f"{accept} to train on the "
-        "input ids there; nothing was written",
+        f"{accept} to train on the input ids there; nothing was written",
         where=batch.shard,
     )
