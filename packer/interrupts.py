@@ -23,9 +23,7 @@ from contextlib import contextmanager, suppress
 
 from packer.errors import Terminated
 
-_SIGNALS = tuple(
-    s for s in (getattr(signal, "SIGINT", None), getattr(signal, "SIGTERM", None)) if s is not None
-)
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)  # both exist on every platform Python runs on
 
 
 @contextmanager
@@ -409,7 +407,8 @@ def interrupt_once() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if _interrupt_once not in map(signal.getsignal, _SIGNALS):
+    outermost = _interrupt_once not in map(signal.getsignal, _SIGNALS)  # not the command line's
+    if outermost:
         _interrupted.clear()  # an earlier call's interrupt is over
         _committed.clear()
         _late.clear()
@@ -421,10 +420,11 @@ def interrupt_once() -> Iterator[None]:
             signal.signal(signum, handler)
         late = late_signal()
         if late is not None and late in previous and sys.exc_info()[1] is None:
-            # a library call whose output is in place: the caller's own Ctrl-C now
-            _late.clear()
+            _late.clear()  # a library call whose output is in place: the caller's Ctrl-C now
             _committed.clear()
             _deliver(late, previous[late])
+        if outermost:  # a library call's commit is over: a later `preparing` holds signals
+            _committed.clear()
 
 
 def interrupt_once_until_exit() -> None:

@@ -307,3 +307,27 @@ def test_an_interrupt_waits_for_the_end_of_code_it_would_break(where):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert log == [1] * 1000
+
+
+def test_after_a_library_pack_a_ctrl_c_is_still_held_while_loading(tmp_path):
+    """A program that packed once (its output committed) still gets `preparing`'s protection:
+    the commit belonged to that call, not to the process."""
+    import json
+
+    from packer import pack
+    from packer.config import PackConfig
+    from packer.interrupts import preparing
+
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(json.dumps({"input_ids": [1, 2, 3]}) + "\n" for _ in range(4)))
+    pack([data], tmp_path / "out", PackConfig(max_len=8), workers=1)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    done = []
+    try:
+        with pytest.raises(KeyboardInterrupt), preparing():
+            signal.raise_signal(signal.SIGINT)
+            time.sleep(0.01)
+            done.append(True)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert done == [True]
