@@ -274,7 +274,13 @@ def test_sigterm_while_ray_wait_blocks_stays_terminated(cluster):
 def _records(out: Path) -> dict[str, int]:
     """The completion records of the killed run's tasks, and when each was written."""
     pattern = f".{out.name}.packer-tmp-*/.blocks/done/*.json"
-    return {p.name: p.stat().st_mtime_ns for p in out.parent.glob(pattern)}
+    found = {}
+    for path in out.parent.glob(pattern):
+        try:
+            found[path.name] = path.stat().st_mtime_ns
+        except FileNotFoundError:  # the run's directory renamed (adopted) since the glob
+            continue
+    return found
 
 
 def _kill_when(proc: subprocess.Popen, out: Path, enough) -> dict[str, int]:
