@@ -58,6 +58,17 @@ def write_jsonl(path: Path, samples: list[dict], compress: str | None = None) ->
     return path
 
 
+def foreground() -> None:
+    """A `preexec_fn` for a command a test signals: SIGINT and SIGTERM at their defaults and no
+    signal blocked, as a shell starts a foreground job, whatever the test process inherited or
+    a library in it left (a child inherits ignored and blocked signals)."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+
+
 def to_table(samples: list[dict], int_type=pa.int32()) -> pa.Table:
     cols = {"input_ids": pa.array([s["input_ids"] for s in samples], pa.list_(int_type))}
     if samples and "labels" in samples[0]:

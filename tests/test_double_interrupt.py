@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import foreground
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals"),
@@ -33,7 +34,7 @@ DELAYS_MS = [0, 2, 5, 8, 12, 20, 30, 2, 5, 8]
 
 def _default_sigint() -> None:
     # a shell starts background jobs with SIGINT ignored, and Python keeps it ignored
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    foreground()
 
 
 def pack(inputs: Path, out: Path) -> subprocess.Popen:
@@ -102,6 +103,7 @@ def test_only_the_first_interrupt_raises_and_ctrl_c_works_again_after():
     library caller (a notebook) gets its Ctrl-C back once the interrupted build is over."""
     from packer.interrupts import interrupt_once
 
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # as a terminal's
     raised = 0
     with interrupt_once():
         try:
@@ -117,3 +119,4 @@ def test_only_the_first_interrupt_raises_and_ctrl_c_works_again_after():
     with pytest.raises(KeyboardInterrupt), interrupt_once():  # a new build: its first Ctrl-C
         signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import foreground
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals")
@@ -88,6 +89,7 @@ def start(protocol: str, port: int, tmp_path: Path, **env_extra) -> subprocess.P
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=foreground,
     )
 
 
@@ -198,6 +200,7 @@ def test_a_signal_during_a_stalled_s3_request_exits_at_once(signum, code, s3, tm
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=foreground,
         )
         deadline = time.monotonic() + 60
         while not any(m == "GET" and "x.jsonl" in p for m, p in proxy.requests):
