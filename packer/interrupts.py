@@ -288,12 +288,12 @@ def committed_outputs() -> list[str]:
 
 
 def exiting() -> None:
-    """For a command line reporting an interrupt: later signals are ignored from now on, by the
-    kernel too (a signal re-sent by `_unraisable_hook`, or one that lands while the interpreter
-    finalizes, where Python's handlers are gone, would otherwise kill the process after its
-    error line: exit -2 instead of 130)."""
-    _exiting.set()
-    ignore_interrupts()
+    """For a command line reporting an interrupt: later signals are ignored, by the kernel too (one
+    re-sent by `_unraisable_hook`, or landing while the interpreter finalizes, would kill the
+    process after its error line: -2, not 130). Not for a command run in-process (CliRunner)."""
+    if _command_line.is_set():
+        _exiting.set()
+        ignore_interrupts()
 
 
 def signalled() -> bool:

@@ -120,3 +120,18 @@ def test_only_the_first_interrupt_raises_and_ctrl_c_works_again_after():
         signal.raise_signal(signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def test_a_command_run_in_process_leaves_ctrl_c_working():
+    """The CLI's error path after an interrupt ignores later signals for the rest of a command
+    line's life; run in-process (typer's CliRunner, a program) it left the caller's process with
+    SIGINT and SIGTERM ignored."""
+    import typer
+
+    import packer.interrupts as interrupts
+    from packer.cli.app import user_errors
+
+    with pytest.raises(typer.Exit), user_errors(False):
+        raise KeyboardInterrupt
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not interrupts._exiting.is_set()
