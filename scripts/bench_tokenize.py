@@ -484,8 +484,14 @@ def main() -> None:
     print(
         f"guard 1.0x: {'met' if first <= 1.0 else 'MISSED'} against one thread, "
         f"{'met' if threads <= 1.0 else 'MISSED'} against the threaded baseline; goal 0.6x on {os.cpu_count()} cores: {'met' if first <= 0.6 else 'missed'} "
-        f"({first:.2f}x one thread, {threads:.2f}x threaded); cache goal 0.5x the first: "
+        f"({first:.3f}x one thread, {threads:.3f}x threaded); cache goal 0.5x the first: "
         f"{'met' if second <= 0.5 * first else 'missed'} ({second / first:.2f}x)"
+    )
+    spread = sorted(w / b[0] for (w, _), b in zip(runs["first"], runs["base"]))
+    cpu = sorted(c for _, c in runs["first"])
+    print(
+        f"cold runs, each beside its baseline run: {spread[0]:.3f}x to {spread[-1]:.3f}x one "
+        f"thread; their CPU seconds {cpu[0]:.2f} to {cpu[-1]:.2f} for the same work"
     )
     if "trl" in ratio:
         speedup = ratio["trl"] / first
