@@ -3,15 +3,19 @@
 Nothing has been made yet, so a Ctrl-C or SIGTERM there ends the command with its one line and
 130 (143), and the JSON error with --json, where Python would print a traceback of the import it
 landed in (or SIGTERM kill it without a word). `packer/__init__.py` runs this as its first
-statement, so it needs the interpreter's built-in modules only; what comes before it (the
-interpreter's own start, `site`) is Python's.
+statement, so it imports built-in modules only; what comes before it (the interpreter's own
+start, `site`, finding packer) is Python's.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
+
+try:  # CPython's built-in half of `signal`, which builds its enums first: 1.6 ms more unguarded
+    import _signal as signal
+except ImportError:  # another interpreter
+    import signal
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _COMMAND_MODULES = ("packer", "packer.cli")  # `python -m` of either runs the command
