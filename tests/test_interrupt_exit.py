@@ -181,3 +181,28 @@ def test_a_program_that_imports_packer_keeps_its_own_signal_handlers():
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
+
+
+def test_a_finished_command_ignores_signals_while_the_interpreter_exits(small_input, tmp_path):
+    """Once the command is done (here a `verify` whose report is printed), a signal cannot turn
+    its exit status into a death by signal: the interpreter's exit restores the default actions
+    of the signals Python handles, and a Ctrl-C there ended a passed `verify` with -2."""
+    script = (
+        "import atexit, signal, sys\n"
+        "from packer import PackConfig, pack\n"
+        f"pack([{str(small_input)!r}], {str(tmp_path / 'out')!r}, PackConfig(max_len=8))\n"
+        "atexit.register(lambda: print(*(signal.getsignal(s) == signal.SIG_IGN"
+        " for s in (signal.SIGINT, signal.SIGTERM))))\n"
+        f"sys.argv = ['packer', 'verify', {str(tmp_path / 'out')!r}, '--no-attention']\n"
+        "from packer.cli import run\n"
+        "run()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=foreground,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
