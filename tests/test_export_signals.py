@@ -233,6 +233,29 @@ def test_a_signal_while_the_export_loads_its_code_ends_it_at_once(packed, tmp_pa
     assert not dest.exists() and leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_verify_loads_its_code_ends_it_at_once(packed, signum):
+    """verify's imports and its kernels' load (numba, llvmlite) come before its checks: a signal
+    there ends it at once with its line and --json's object."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAULT_PREPARE_PAUSE": "60"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer", "verify", str(packed), "--no-attention", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_sigint,
+    )
+    first = proc.stderr.readline()
+    assert first == "packer-fault: preparing\n", first + proc.stderr.read()
+    assert "llvmlite" not in Path(f"/proc/{proc.pid}/maps").read_text()  # not loaded yet
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    code, message = CODES[signum], LINES[signum][len("error: ") : -1]
+    assert (proc.returncode, stderr) == (code, LINES[signum])
+    assert json.loads(stdout) == {"error": message, "exit_code": code}
+
+
 def test_an_export_runs_only_the_kernel_code_it_loaded_first(tmp_path):
     """`kernels.load` covers every argument type an export passes its kernels (padded rows or
     not, each format): none is loaded later, in the middle of the run, where signals raise."""
