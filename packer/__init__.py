@@ -6,9 +6,14 @@ The public names resolve on first use, so that `import packer.contract` or `impo
 
 from __future__ import annotations
 
-import importlib
+from packer import starting as _starting
 
-from packer.version import __version__
+if _starting.is_command_line():  # first: a signal while the command imports ends it in one line
+    _starting.exit_while_starting()
+
+import importlib  # noqa: E402
+
+from packer.version import __version__  # noqa: E402
 
 # public name -> the module that defines it
 _PUBLIC = {

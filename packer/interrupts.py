@@ -12,7 +12,6 @@ output is in place already and an exit status of 130/143 would say that nothing 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -22,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from packer.errors import Terminated
+from packer.starting import exit_at_start as _exit_at_start
+from packer.starting import json_exit as _json_exit
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)  # both exist on every platform Python runs on
 
@@ -327,19 +328,7 @@ def reported() -> bool:
     return _exiting.is_set()
 
 
-_json_exit: list[bool] = []  # `preparing(json_out=True)`: the exit also prints the JSON error
 _command_line = threading.Event()  # this process is packer's command line (its handlers)
-
-
-def _exit_at_start(signum, frame):
-    what, code = (
-        ("terminated", 143) if signum == getattr(signal, "SIGTERM", None) else ("interrupted", 130)
-    )
-    message = f"{what}; no partial output was left"
-    os.write(2, f"error: {message}\n".encode())
-    if _json_exit:
-        os.write(1, (json.dumps({"error": message, "exit_code": code}) + "\n").encode())
-    os._exit(code)
 
 
 @contextmanager
@@ -373,16 +362,6 @@ def preparing(json_out: bool = False) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-
-
-def exit_while_starting() -> None:
-    """For a command line importing its modules: nothing has been made yet, so a signal ends it
-    at once with the one line (not a traceback of the import it landed in). `run` replaces this
-    with `interrupt_once_until_exit`."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in _SIGNALS:
-            if signal.getsignal(signum) in (signal.default_int_handler, signal.SIG_DFL):
-                signal.signal(signum, _exit_at_start)
 
 
 def _once_handlers(sigterm_default: bool = False) -> dict:

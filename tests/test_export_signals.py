@@ -233,6 +233,29 @@ def test_a_signal_while_the_export_loads_its_code_ends_it_at_once(packed, tmp_pa
     assert not dest.exists() and leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_verify_loads_its_code_ends_it_at_once(packed, signum):
+    """verify's imports and its kernels' load (numba, llvmlite) come before its checks: a signal
+    there ends it at once with its line and --json's object."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAULT_PREPARE_PAUSE": "60"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer", "verify", str(packed), "--no-attention", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_sigint,
+    )
+    first = proc.stderr.readline()
+    assert first == "packer-fault: preparing\n", first + proc.stderr.read()
+    assert "llvmlite" not in Path(f"/proc/{proc.pid}/maps").read_text()  # not loaded yet
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    code, message = CODES[signum], LINES[signum][len("error: ") : -1]
+    assert (proc.returncode, stderr) == (code, LINES[signum])
+    assert json.loads(stdout) == {"error": message, "exit_code": code}
+
+
 def test_an_export_runs_only_the_kernel_code_it_loaded_first(tmp_path):
     """`kernels.load` covers every argument type an export passes its kernels (padded rows or
     not, each format): none is loaded later, in the middle of the run, where signals raise."""
@@ -326,3 +349,95 @@ def test_after_a_library_pack_a_ctrl_c_is_still_held_while_loading(tmp_path):
     data.write_text("".join(json.dumps({"input_ids": [1, 2, 3]}) + "\n" for _ in range(4)))
     pack([data], tmp_path / "out", PackConfig(max_len=8), workers=1)
     _ctrl_c_held_inside_preparing()
+
+
+VERIFY_KERNELS = "(K.check_rows, K.check_coverage, K.compare_source)"
+
+
+def _packed_variants(root: Path) -> str:
+    """Script lines that pack the outputs verify meets (rejected samples, padding, CP, an
+    int64 Parquet input without labels) into `root`: [(output, [input])] as `outputs`."""
+    return f"""
+import json, pathlib
+import pyarrow as pa, pyarrow.parquet as pq
+from packer import PackConfig, pack
+root = pathlib.Path({str(root)!r})
+data = root / "in.jsonl"
+rows = [{{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}}, {{"input_ids": [8], "labels": [8]}}]
+data.write_text("".join(json.dumps(r) + "\\n" for r in rows) + '{{"input_ids": "x"}}\\n')
+wide = root / "in.parquet"
+pq.write_table(pa.table({{"input_ids": pa.array([[1, 2], [3]], pa.list_(pa.int64()))}}), wide)
+outputs = []
+for name, source, cfg in [
+    ("p", data, PackConfig(max_len=8, on_error="skip")),
+    ("pad", data, PackConfig(max_len=8, pad=True, on_error="skip")),
+    ("cp", data, PackConfig(max_len=8, cp_size=2, on_error="skip")),
+    ("wide", wide, PackConfig(max_len=4, pad=True)),
+]:
+    pack([source], root / name, cfg, workers=1)
+    outputs.append((root / name, [source]))
+"""
+
+
+def test_verify_runs_only_the_kernel_code_it_loaded_first(tmp_path):
+    """`verify`'s `kernels.load` covers every argument type its checks pass the kernels
+    (rejects, padding, CP, each kind of input): none is loaded later, in the middle of the run,
+    where a signal raises inside numba's loading."""
+    script = (
+        "from packer.verify import kernels as K, verify\n"
+        f"every = {VERIFY_KERNELS}\n"
+        "K.load()\n"
+        "loaded = [list(k.signatures) for k in every]\n"
+        + _packed_variants(tmp_path)
+        + "for out, inputs in outputs:\n"
+        "    assert verify(out, inputs, attention=False).ok, out\n"
+        "    assert verify(out, attention=False).ok, out\n"
+        "print([[s for s in k.signatures if s not in seen] for k, seen in zip(every, loaded)])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[[], [], []]\n"
+
+
+def test_the_verify_command_loads_its_kernels_before_its_checks(tmp_path):
+    """The command's own `preparing` block (where a signal exits at once, with --json's object)
+    ends with every kernel the run calls loaded already."""
+    script = (
+        "import contextlib, sys\n"
+        "import packer.interrupts as I\n"
+        "from packer.verify import kernels as K\n"
+        + _packed_variants(tmp_path)
+        + f"every = {VERIFY_KERNELS}\n"
+        "real, depth, at_end = I.preparing, [], []\n"
+        "@contextlib.contextmanager\n"
+        "def preparing(json_out=False):\n"
+        "    depth.append(1)\n"
+        "    with real(json_out):\n"
+        "        yield\n"
+        "    depth.pop()\n"
+        "    if not depth and not at_end:  # the command's first block, as it ends\n"
+        "        at_end.append([list(k.signatures) for k in every])\n"
+        "I.preparing = preparing\n"
+        "out, inputs = outputs[0]\n"
+        "sys.argv = ['packer', 'verify', str(out), '--input', str(inputs[0]), '--no-attention']\n"
+        "from packer.cli import run\n"
+        "try:\n"
+        "    run()\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "print([[s for s in k.signatures if s not in seen] for k, seen in zip(every, at_end[0])])\n"
+        "print([len(s) for s in at_end[0]])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[[], [], []]\n[1, 1, 1]\n", done.stderr

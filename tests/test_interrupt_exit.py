@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import foreground
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals")
 
@@ -87,3 +88,121 @@ def test_a_signal_after_the_commit_point_in_c_evaluated_code_exits_0(lands_in_c)
     done = lands_in_c("INT", "--late")
     assert done.returncode == 0, done.stderr
     assert "after the output was in place" in done.stderr
+
+
+CONSOLE_SCRIPT = Path(sys.executable).with_name("packer")  # the installed `packer` command
+LINES = {
+    signal.SIGINT: (130, "error: interrupted; no partial output was left\n"),
+    signal.SIGTERM: (143, "error: terminated; no partial output was left\n"),
+}
+
+
+@pytest.fixture
+def small_input(tmp_path) -> Path:
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join('{"input_ids": [1, 2, 3]}\n' for _ in range(8)))
+    return data
+
+
+@pytest.mark.parametrize(
+    "entry, signum, json_out",
+    [
+        (["-m", "packer"], signal.SIGINT, False),
+        (["-m", "packer.cli"], signal.SIGINT, True),
+        ([str(CONSOLE_SCRIPT)], signal.SIGTERM, True),
+    ],
+    ids=["python-m-packer", "python-m-packer.cli", "console-script"],
+)
+def test_a_signal_while_the_command_imports_its_modules_ends_it_in_one_line(
+    small_input, tmp_path, entry, signum, json_out
+):
+    """From the first line of `packer/__init__.py` on (before the CLI's modules import), a signal
+    ends the command with its line and status, not a traceback of the import it landed in
+    (Ctrl-C) or a silent death (SIGTERM); --json's object too. Here it lands at that first line."""
+    if entry[0] != "-m" and not CONSOLE_SCRIPT.exists():
+        pytest.skip("no console script beside this interpreter")
+    command = [*entry, "pack", str(small_input), "-o", str(tmp_path / "out"), "-L", "8"]
+    proc = subprocess.Popen(
+        ([sys.executable] if entry[0] == "-m" else []) + command + (["--json"] if json_out else []),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAULT_START_PAUSE": "60"},
+        preexec_fn=foreground,
+    )
+    first = proc.stderr.readline()
+    assert first == "packer-fault: starting\n", first + proc.stderr.read()
+    assert "numpy" not in Path(f"/proc/{proc.pid}/maps").read_text()  # before the CLI's imports
+    proc.send_signal(signum)
+    stdout, stderr = proc.communicate(timeout=60)
+    code, line = LINES[signum]
+    assert (proc.returncode, stderr) == (code, line)
+    expected = f'{{"error": "{line[len("error: ") : -1]}", "exit_code": {code}}}\n'
+    assert stdout == (expected if json_out else "")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_ctrl_c_python_swallowed_before_the_command_started_still_stops_it(small_input, tmp_path):
+    """A Ctrl-C before packer's first line, inside importlib's lock code, is printed and dropped
+    by Python ("Exception ignored in ... _get_module_lock") with the import lock left held: the
+    run went on as if no signal came, then hung at another thread's import. The command sees the
+    held lock as it starts and stops there. Here the lock is left held on purpose."""
+    script = (
+        "import _imp, sys\n"
+        f"sys.argv = ['packer', 'pack', {str(small_input)!r}, '-o', {str(tmp_path / 'out')!r}]\n"
+        "_imp.acquire_lock()\n"
+        "from packer.cli import run\n"
+        "run()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=60,
+    )
+    assert (done.returncode, done.stderr) == LINES[signal.SIGINT]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_program_that_imports_packer_keeps_its_own_signal_handlers():
+    """Only the command installs the start-up handler: a program's Ctrl-C stays Python's."""
+    script = (
+        "import signal, sys\n"
+        "sys.argv = ['-m', 'x']\n"  # as runpy sets it while `python -m x` imports x's package
+        "import packer, packer.cli\n"
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler,"
+        " signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
+
+
+def test_a_finished_command_ignores_signals_while_the_interpreter_exits(small_input, tmp_path):
+    """Once the command is done (here a `verify` whose report is printed), a signal cannot turn
+    its exit status into a death by signal: the interpreter's exit restores the default actions
+    of the signals Python handles, and a Ctrl-C there ended a passed `verify` with -2."""
+    script = (
+        "import atexit, signal, sys\n"
+        "from packer import PackConfig, pack\n"
+        f"pack([{str(small_input)!r}], {str(tmp_path / 'out')!r}, PackConfig(max_len=8))\n"
+        "atexit.register(lambda: print(*(signal.getsignal(s) == signal.SIG_IGN"
+        " for s in (signal.SIGINT, signal.SIGTERM))))\n"
+        f"sys.argv = ['packer', 'verify', {str(tmp_path / 'out')!r}, '--no-attention']\n"
+        "from packer.cli import run\n"
+        "run()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        preexec_fn=foreground,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Layers, lowest first (as docs/layout.md draws them): the key is a top-level module or package of packer.
 LAYERS = {
     "packer.errors": 0,
+    "packer.starting": 0,
     "packer.version": 1,
     "packer.arguments": 1,
     "packer.hashing": 1,

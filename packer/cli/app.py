@@ -296,7 +296,6 @@ def run() -> None:
         from click import ClickException as ClickError
 
     from packer.interrupts import (
-        committed_outputs,
         exit_after_signal,
         exiting,
         ignore_interrupts,
@@ -329,6 +328,10 @@ def run() -> None:
     except typer.Abort:  # an interrupt outside a command's own handling (its options' parsing)
         exiting()
         code = interrupted(sigterm_seen()).exit_code
+    # The command is done (its output in place, its report or error line printed): signals are
+    # ignored from here, also in the interpreter's exit, which has no Python handlers left (one
+    # there killed the process after its last line: -2 after a whole `verify` report).
+    ignore_interrupts()
     if code == EXIT_INTERRUPTED and not reported():
         # typer turns an interrupt outside a command's own handling (the imports a command makes
         # before its run) into a silent exit 130, SIGTERM's too: one line, and 143 for SIGTERM
@@ -336,10 +339,6 @@ def run() -> None:
         code = interrupted(sigterm_seen()).exit_code
     if not code:
         late_note()
-    if code in (EXIT_INTERRUPTED, EXIT_TERMINATED) or committed_outputs():
-        # the interpreter's exit has no Python handlers left to ignore them: a signal there
-        # would kill a run whose output is already in place (exit -15 where 0 is the truth)
-        ignore_interrupts()
     if signalled():
         exit_after_signal(code or 0)  # not the interpreter's exit: it could end by SIGINT (-2)
     # The command is done: the interpreter's last garbage collection would walk every object

@@ -175,12 +175,15 @@ def verify(
     how many (on a busy machine 1 is often fastest)."""
     from packer.interrupts import preparing
 
-    with preparing(json_out=json_out):  # a signal in the imports ends the command at once
+    with preparing(json_out=json_out):  # a signal in the imports and loads ends it at once
         from rich.markup import escape
 
         from packer.cli.render import stderr
         from packer.cli.render_verify import verify_table
         from packer.verify import verify as run_verify
+        from packer.verify.kernels import load
+
+        load()
 
         if not no_attention:  # torch too: a signal inside its init aborts the process
             with suppress(ImportError):

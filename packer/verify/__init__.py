@@ -109,7 +109,10 @@ def verify(
     Every file is read from one version of the output: if it is replaced while it is checked
     (`pack --overwrite`), the checks run again on the new one; replaced again, a `UsageError`.
     """
+    from packer.verify.kernels import load  # here: `import packer.verify` stays light
+
     t0 = time.perf_counter()
+    load()  # before any check: a signal cannot land inside numba's loading
     out = local_copy(output_dir) if is_url(output_dir) else Path(output_dir)
     version = OutputVersion(out)
     try:

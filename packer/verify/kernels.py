@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from packer.interrupts import preparing
+
 IGNORE = -100
 
 # Row codes (check_rows); a, b, c as noted
@@ -391,3 +393,35 @@ def compare_source_reference(rows: list[dict], src: list[tuple[list[int], list[i
 
 def as_int64(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.int64)
+
+
+_loaded: list[bool] = []  # `load` is done
+
+
+def frozen(x: np.ndarray) -> np.ndarray:
+    """A read-only view of an array a kernel only reads. Numba compiles (and loads) one version
+    of a kernel per writability of each argument: a mapped shard's columns are read-only, an
+    empty batch's or a parsed source's are not; as views of one kind they take the version
+    `load` loaded."""
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
+def load() -> None:
+    """Load every kernel here (from numba's cache, or compile it) with the argument types verify
+    passes (what they read `frozen`, what they write writable). verify does it before its checks
+    start, where a signal cannot land inside numba's loading: see `packer.interrupts.preparing`.
+    Each call here touches no element out of its arrays. Done once per process: the library's
+    `verify` calls it again, outside the command's own `preparing` (and its --json)."""
+    if _loaded:
+        return
+    with preparing():
+        i32, i64 = frozen(np.zeros(2, np.int32)), frozen(np.zeros(2, np.int64))
+        out = [np.zeros(1, np.int64) for _ in range(5)]  # code, a, b, c; seg_len
+        check_rows(*[i32] * 11, 1, False, 0, out[4], *out[:4])  # one empty row
+        check_coverage(*[frozen(np.zeros(0, np.int64))] * 3, 0, np.zeros(0, np.int64))
+        skip = np.ones(1, bool)  # the row is skipped: nothing is compared
+        row = (i32, i32, i32, i32, i32, i32, i32, i64, i32, i32)
+        compare_source(*row, skip, i32, i32, i64, *out[:4])
+    _loaded.append(True)

@@ -113,7 +113,8 @@ def _check_pieces(
     index, offset, length = pieces.index, pieces.offset, pieces.length
     order = np.lexsort((offset, index))
     code = np.zeros(index.size, np.int64)
-    K.check_coverage(index[order], offset[order], length[order], n_samples, code)
+    sorted_pieces = (K.frozen(x[order]) for x in (index, offset, length))
+    K.check_coverage(*sorted_pieces, int(n_samples), code)  # the types `K.load` loaded
     for pos in np.flatnonzero(code):
         pos = int(pos)
         i = int(order[pos])

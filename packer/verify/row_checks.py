@@ -39,7 +39,7 @@ def check_shard_rows(
     code = np.zeros(rows, np.int64)
     a, b, c = (np.zeros(rows, np.int64) for _ in range(3))
     seg_len = np.zeros(shard.sample_index.size, np.int64)
-    K.check_rows(
+    columns = (
         shard.ids_off,
         shard.ids,
         shard.lab_off,
@@ -51,9 +51,12 @@ def check_shard_rows(
         shard.si_off,
         shard.so_off,
         shard.num_loss,
-        max_len,
-        pad,
-        pad_id,
+    )
+    K.check_rows(
+        *map(K.frozen, columns),  # the argument types `K.load` loaded
+        int(max_len),
+        bool(pad),
+        int(pad_id),
         seg_len,
         code,
         a,

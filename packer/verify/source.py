@@ -83,7 +83,7 @@ def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult
         code = np.zeros(sh.rows, np.int64)
         a, b, c = (np.zeros(sh.rows, np.int64) for _ in range(3))
         skip = ~st.cu_usable
-        K.compare_source(
+        read = (
             sh.ids_off,
             sh.ids,
             sh.lab_off,
@@ -94,10 +94,11 @@ def check_source(statuses: list[RowStatus], source: Samples, result: CheckResult
             sh.sample_index,
             sh.so_off,
             sh.sample_offset,
+        )
+        K.compare_source(
+            *map(K.frozen, read),  # the argument types `K.load` loaded
             skip,
-            source.tokens,
-            src_labels,
-            source.offsets,
+            *map(K.frozen, (source.tokens, src_labels, source.offsets)),
             code,
             a,
             b,
