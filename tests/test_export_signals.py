@@ -441,3 +441,20 @@ def test_the_verify_command_loads_its_kernels_before_its_checks(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[[], [], []]\n[1, 1, 1]\n", done.stderr
+
+
+@pytest.mark.parametrize("module", ["packer.export.kernels", "packer.verify.kernels"])
+def test_kernels_load_once_per_process(module, monkeypatch):
+    """The library's export/verify load the kernels again after the command's own preparing
+    block; that second call must not open a preparing block of its own, where a signal would
+    end the command without --json's object."""
+    import importlib
+
+    kernels = importlib.import_module(module)
+    kernels.load()
+
+    def refused():
+        raise AssertionError("a second load() entered preparing()")
+
+    monkeypatch.setattr(kernels, "preparing", refused)
+    kernels.load()

@@ -58,11 +58,18 @@ def put_shapes(counts, out, dst):
             out[p + 1 + b] = (n >> (8 * b)) & 255
 
 
+_loaded: list[bool] = []  # `load` is done
+
+
 def load() -> None:
     """Load every kernel here (from numba's cache, or compile it) with the argument types an
     export passes: a shard's mapped columns are read-only, the encoder's own arrays are not.
     An export does it before it makes anything, and a signal cannot land inside the load: see
-    `packer.interrupts.preparing`. Each call here touches no element out of its arrays."""
+    `packer.interrupts.preparing`. Each call here touches no element out of its arrays. Done
+    once per process: the library's export calls it again, outside the command's own
+    `preparing` (and its --json)."""
+    if _loaded:
+        return
     with preparing():
         mapped = np.zeros(2, np.int32)
         mapped.setflags(write=False)
@@ -73,3 +80,4 @@ def load() -> None:
             data.setflags(write=writable)
             put_bytes(data, offsets, out, at)
         put_shapes(np.zeros(1, np.int64), out, at)
+    _loaded.append(True)
