@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import make_samples, write_jsonl
+from conftest import make_samples, write_jsonl, write_parquet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,6 +101,22 @@ def test_after_warmup_pack_and_export_compile_nothing(tmp_path):
     again = packer(["warmup", "--json"], cache)
     assert again.returncode == 0, again.stderr
     assert '"compiled": []' in again.stdout
+
+
+def test_reading_parquet_leaves_pyarrow_dataset_unloaded(tmp_path):
+    """pq.read_table imports pyarrow.dataset (about 0.5 s of a run's start-up); a Parquet
+    input is read through ParquetFile, whole or a row group at a time, without it."""
+    samples = make_samples(40, seed=3)
+    src = write_parquet(tmp_path / "d.parquet", samples)
+    code = (
+        "import sys; from pathlib import Path; from packer.read.assemble import read_file; "
+        f"source, tokens, lengths, labels, kept = read_file(Path({str(src)!r})); "
+        "print(len(lengths), int(lengths.sum()), 'pyarrow.dataset' in sys.modules)"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    total = sum(len(s["input_ids"]) for s in samples)
+    assert run.stdout.split() == [str(len(samples)), str(total), "False"]
 
 
 def test_a_run_on_an_empty_cache_fails_with_one_error_line(tmp_path):

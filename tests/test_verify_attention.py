@@ -3,6 +3,9 @@ FlexAttention and the reference, and that both a leaking kernel and a blind chec
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -473,3 +476,16 @@ def test_reference_forwards_enforce_the_varlen_contract(make, cu, max_seqlen, er
     else:
         with pytest.raises(ValueError, match=f"^{error}$"):
             forward(q, q, q, cu, max_seqlen)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's start-up: no CUDA GPU here")
+def test_probing_on_the_cpu_leaves_torch_dynamo_unloaded():
+    """torch's varlen module loads torch._dynamo (about 3 s of every `packer verify` start-up);
+    without a CUDA GPU that backend cannot run, so the probe does not import it."""
+    code = (
+        "import sys; from packer.verify.backends import probe_backends; "
+        "found = probe_backends(); assert 'CUDA' in found['torch-varlen'], found; "
+        "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]", res.stdout

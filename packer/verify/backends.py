@@ -49,10 +49,9 @@ def probe_backends() -> dict[str, str | None]:
             "flash-attn is not installed "
             "(pip install flash-attn --no-build-isolation, with a CUDA toolkit)"
         )
-    has_varlen = _torch_varlen() is not None
-    if not cuda:
+    if not cuda:  # not probed: importing torch's varlen module loads torch._dynamo (~3 s)
         found["torch-varlen"] = "torch's varlen flash attention needs a CUDA GPU"
-    elif not has_varlen:
+    elif _torch_varlen() is None:
         found["torch-varlen"] = f"torch {torch.__version__} has no varlen attention"
     else:
         found["torch-varlen"] = None
