@@ -58,6 +58,23 @@ def write_jsonl(path: Path, samples: list[dict], compress: str | None = None) ->
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def signals_as_in_a_terminal():
+    """The tests' process takes Ctrl-C and SIGTERM as a terminal's foreground job does. A run
+    started in the background by a non-interactive shell (`make test &`, a script's `cmd &`)
+    inherits SIGINT ignored, and Python then installs no handler of its own: the tests of what
+    packer does with a caller's Ctrl-C would test an ignored signal instead (the tests of a
+    caller's SIG_IGN set it themselves)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    yield
+
+
 def foreground() -> None:
     """A `preexec_fn` for a command a test signals: SIGINT and SIGTERM at their defaults and no
     signal blocked, as a shell starts a foreground job, whatever the test process inherited or
