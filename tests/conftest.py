@@ -75,6 +75,17 @@ def signals_as_in_a_terminal():
     yield
 
 
+def python_script(script: str, **kwargs):
+    """`python -c SCRIPT` with this checkout's packer, its output captured as text."""
+    import subprocess
+
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": root}
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, **kwargs
+    )
+
+
 def foreground() -> None:
     """A `preexec_fn` for a command a test signals: SIGINT and SIGTERM at their defaults and no
     signal blocked, as a shell starts a foreground job, whatever the test process inherited or

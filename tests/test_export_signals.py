@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import python_script
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals"),
@@ -195,12 +196,7 @@ def test_the_export_and_repack_paths_import_no_pandas(packed, tmp_path):
         f"pack([{str(packed)!r}], {str(tmp_path / 'r')!r}, PackConfig(max_len=8192), repack=True)\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:1])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = python_script(script)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[]\n"
 
@@ -276,12 +272,7 @@ for pad in (False, True):
         export(root / f"p{{pad}}", to, root / f"{{to}}-{{pad}}")
 print([[s for s in k.signatures if s not in seen] for k, seen in zip(every, loaded)])
 """
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = python_script(script)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[[], [], []]\n"
 
@@ -394,12 +385,7 @@ def test_verify_runs_only_the_kernel_code_it_loaded_first(tmp_path):
         "    assert verify(out, attention=False).ok, out\n"
         "print([[s for s in k.signatures if s not in seen] for k, seen in zip(every, loaded)])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = python_script(script)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[[], [], []]\n"
 
@@ -433,12 +419,7 @@ def test_the_verify_command_loads_its_kernels_before_its_checks(tmp_path):
         "print([[s for s in k.signatures if s not in seen] for k, seen in zip(every, at_end[0])])\n"
         "print([len(s) for s in at_end[0]])\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = python_script(script)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "[[], [], []]\n[1, 1, 1]\n", done.stderr
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import foreground
+from conftest import foreground, python_script
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals")
 
@@ -154,13 +154,7 @@ def test_a_ctrl_c_python_swallowed_before_the_command_started_still_stops_it(sma
         "from packer.cli import run\n"
         "run()\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        timeout=60,
-    )
+    done = python_script(script, timeout=60)
     assert (done.returncode, done.stderr) == LINES[signal.SIGINT]
     assert not (tmp_path / "out").exists()
 
@@ -174,12 +168,7 @@ def test_a_program_that_imports_packer_keeps_its_own_signal_handlers():
         "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler,"
         " signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = python_script(script)
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
 
 
@@ -197,12 +186,5 @@ def test_a_finished_command_ignores_signals_while_the_interpreter_exits(small_in
         "from packer.cli import run\n"
         "run()\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        preexec_fn=foreground,
-        timeout=120,
-    )
+    done = python_script(script, preexec_fn=foreground, timeout=120)
     assert (done.returncode, done.stdout) == (0, "True True\n"), done.stderr
