@@ -207,8 +207,22 @@ def test_a_signal_while_the_export_loads_its_code_ends_it_at_once(packed, tmp_pa
     it makes anything: a signal there ends it at once with its line (and --json's object),
     where an interrupt raised inside them left them half made (exit -11, a double free)."""
     dest = tmp_path / "x"
+    _signalled_while_preparing(["export", packed, "--to", "mds", "-o", dest, "--json"], signum)
+    assert not dest.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_verify_loads_its_code_ends_it_at_once(packed, signum):
+    """verify's imports and its kernels' load (numba, llvmlite) come before its checks: a signal
+    there ends it at once with its line and --json's object."""
+    _signalled_while_preparing(["verify", packed, "--no-attention", "--json"], signum)
+
+
+def _signalled_while_preparing(args: list, signum: int) -> None:
+    """Run `packer ARGS` (with --json) paused in its `preparing` block, before its imports (numba's
+    llvmlite is not loaded yet), send `signum` there: it ends at once with its one line, its
+    status and --json's object."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAULT_PREPARE_PAUSE": "60"}
-    args = ["export", packed, "--to", "mds", "-o", dest, "--json"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "packer", *map(str, args)],
         stdout=subprocess.PIPE,
@@ -219,32 +233,7 @@ def test_a_signal_while_the_export_loads_its_code_ends_it_at_once(packed, tmp_pa
     )
     first = proc.stderr.readline()
     assert first == "packer-fault: preparing\n", first + proc.stderr.read()
-    # the pause comes before the export's imports: numba's llvmlite is not loaded yet
     assert "llvmlite" not in Path(f"/proc/{proc.pid}/maps").read_text()
-    proc.send_signal(signum)
-    stdout, stderr = proc.communicate(timeout=60)
-    code, message = CODES[signum], LINES[signum][len("error: ") : -1]
-    assert (proc.returncode, stderr) == (code, LINES[signum])
-    assert json.loads(stdout) == {"error": message, "exit_code": code}
-    assert not dest.exists() and leftovers(tmp_path) == []
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_while_verify_loads_its_code_ends_it_at_once(packed, signum):
-    """verify's imports and its kernels' load (numba, llvmlite) come before its checks: a signal
-    there ends it at once with its line and --json's object."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_FAULT_PREPARE_PAUSE": "60"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "packer", "verify", str(packed), "--no-attention", "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=_default_sigint,
-    )
-    first = proc.stderr.readline()
-    assert first == "packer-fault: preparing\n", first + proc.stderr.read()
-    assert "llvmlite" not in Path(f"/proc/{proc.pid}/maps").read_text()  # not loaded yet
     proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=60)
     code, message = CODES[signum], LINES[signum][len("error: ") : -1]
