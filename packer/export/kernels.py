@@ -5,6 +5,8 @@ four seconds on a 450M-token output; this loop costs a tenth of that."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from packer.interrupts import preparing
@@ -58,9 +60,7 @@ def put_shapes(counts, out, dst):
             out[p + 1 + b] = (n >> (8 * b)) & 255
 
 
-_loaded: list[bool] = []  # `load` is done
-
-
+@functools.cache  # once per process
 def load() -> None:
     """Load every kernel here (from numba's cache, or compile it) with the argument types an
     export passes: a shard's mapped columns are read-only, the encoder's own arrays are not.
@@ -68,8 +68,6 @@ def load() -> None:
     `packer.interrupts.preparing`. Each call here touches no element out of its arrays. Done
     once per process: the library's export calls it again, outside the command's own
     `preparing` (and its --json)."""
-    if _loaded:
-        return
     with preparing():
         mapped = np.zeros(2, np.int32)
         mapped.setflags(write=False)
@@ -80,4 +78,3 @@ def load() -> None:
             data.setflags(write=writable)
             put_bytes(data, offsets, out, at)
         put_shapes(np.zeros(1, np.int64), out, at)
-    _loaded.append(True)

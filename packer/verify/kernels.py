@@ -7,6 +7,8 @@ The Python side turns the codes into messages (see `structure.py`), so the kerne
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -395,9 +397,6 @@ def as_int64(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.int64)
 
 
-_loaded: list[bool] = []  # `load` is done
-
-
 def frozen(x: np.ndarray) -> np.ndarray:
     """A read-only view of an array a kernel only reads. Numba compiles (and loads) one version
     of a kernel per writability of each argument: a mapped shard's columns are read-only, an
@@ -408,14 +407,13 @@ def frozen(x: np.ndarray) -> np.ndarray:
     return view
 
 
+@functools.cache  # once per process
 def load() -> None:
     """Load every kernel here (from numba's cache, or compile it) with the argument types verify
     passes (what they read `frozen`, what they write writable). verify does it before its checks
     start, where a signal cannot land inside numba's loading: see `packer.interrupts.preparing`.
     Each call here touches no element out of its arrays. Done once per process: the library's
     `verify` calls it again, outside the command's own `preparing` (and its --json)."""
-    if _loaded:
-        return
     with preparing():
         i32, i64 = frozen(np.zeros(2, np.int32)), frozen(np.zeros(2, np.int64))
         out = [np.zeros(1, np.int64) for _ in range(5)]  # code, a, b, c; seg_len
@@ -424,4 +422,3 @@ def load() -> None:
         skip = np.ones(1, bool)  # the row is skipped: nothing is compared
         row = (i32, i32, i32, i32, i32, i32, i32, i64, i32, i32)
         compare_source(*row, skip, i32, i32, i64, *out[:4])
-    _loaded.append(True)
