@@ -50,8 +50,28 @@ def deferred_signals() -> Iterator[None]:
             _deliver(received[0], previous[received[0]])
 
 
-_sigterm_seen = threading.Event()
-_signalled = threading.Event()  # a SIGINT or SIGTERM reached one of packer's handlers
+class _Flag:
+    """A flag that signal handlers set and clear. Not `threading.Event`: its `set` takes a lock,
+    and a second signal whose handler runs inside the first one's `set` (same thread, lock held)
+    waits on it forever: a `pack` hung so after two quick Ctrl-C's. An assignment takes none."""
+
+    __slots__ = ("_on",)
+
+    def __init__(self) -> None:
+        self._on = False
+
+    def set(self) -> None:
+        self._on = True
+
+    def clear(self) -> None:
+        self._on = False
+
+    def is_set(self) -> bool:
+        return self._on
+
+
+_sigterm_seen = _Flag()
+_signalled = _Flag()  # a SIGINT or SIGTERM reached one of packer's handlers
 
 
 def _raise_terminated(signum, frame):
@@ -138,9 +158,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-_interrupted = threading.Event()
-_exiting = threading.Event()  # the command line is reporting an interrupt and exiting
-_committed = threading.Event()  # an output is in place: signals no longer stop the run
+_interrupted = _Flag()
+_exiting = _Flag()  # the command line is reporting an interrupt and exiting
+_committed = _Flag()  # an output is in place: signals no longer stop the run
 _late: list[int] = []  # signals received after the commit point
 _outputs: list[str] = []  # what this process put in place, for the interrupt's message
 
@@ -328,7 +348,7 @@ def reported() -> bool:
     return _exiting.is_set()
 
 
-_command_line = threading.Event()  # this process is packer's command line (its handlers)
+_command_line = _Flag()  # this process is packer's command line (its handlers)
 
 
 @contextmanager

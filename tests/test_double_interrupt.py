@@ -10,6 +10,7 @@ exit 134), or a traceback was printed. Whatever the delay between the two, the r
 from __future__ import annotations
 
 import hashlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import foreground
+from conftest import foreground, python_script
 
 pytestmark = [
     pytest.mark.skipif(sys.platform != "linux", reason="uses POSIX signals"),
@@ -78,16 +79,23 @@ def previous(tmp_path_factory) -> tuple[Path, Path, dict[str, str]]:
 @pytest.mark.parametrize("delay_ms", DELAYS_MS)
 def test_two_sigints_exit_130_cleanly(previous, delay_ms):
     inputs, out, digests = previous
-    proc = pack(inputs, out)
-    deadline = time.monotonic() + 60
-    while not any(any(t.glob("shard-*.arrow")) for t in temp_dirs(out.parent)):
-        assert proc.poll() is None, f"the run ended before writing shards: {proc.stderr.read()}"
-        assert time.monotonic() < deadline, "no shard written within 60 s"
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGINT)
-    time.sleep(delay_ms / 1000)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    with pack(inputs, out) as proc:
+        try:
+            deadline = time.monotonic() + 60
+            while not any(any(t.glob("shard-*.arrow")) for t in temp_dirs(out.parent)):
+                assert proc.poll() is None, f"ended before writing shards: {proc.stderr.read()}"
+                assert time.monotonic() < deadline, "no shard written within 60 s"
+                time.sleep(0.002)
+            proc.send_signal(signal.SIGINT)
+            time.sleep(delay_ms / 1000)
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=60)
+        finally:  # a run left hanging would hold its temporary output into the next test
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+                for temp in temp_dirs(out.parent):
+                    shutil.rmtree(temp)
 
     assert "Fatal Python error" not in stderr
     assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
@@ -95,6 +103,62 @@ def test_two_sigints_exit_130_cleanly(previous, delay_ms):
     assert stderr.rstrip("\n").splitlines()[-1:] == [ERROR_LINE], stderr
     assert temp_dirs(out.parent) == []
     assert snapshot(out) == digests
+
+
+NESTED_SIGNAL = """
+import signal, sys
+from packer import interrupts
+
+HANDLERS = {interrupts._interrupt_once.__code__, interrupts._raise_terminated.__code__}
+
+def second_signal_at(k, signum):
+    seen, fired = [0], [False]
+
+    def tracer(frame, event, arg):
+        f = frame
+        while f is not None and f.f_code not in HANDLERS:
+            f = f.f_back
+        if f is not None and event == "line" and not fired[0]:
+            seen[0] += 1
+            if seen[0] == k:
+                fired[0] = True
+                signal.raise_signal(signum)
+        return tracer
+
+    interrupts.interrupt_once_until_exit()
+    try:
+        try:
+            sys.settrace(tracer)
+            signal.raise_signal(signum)
+            for _ in range(100):  # the handler runs here
+                pass
+        finally:
+            sys.settrace(None)
+    except KeyboardInterrupt:
+        pass
+    return fired[0]
+
+for signum in (signal.SIGINT, signal.SIGTERM):
+    k = 1
+    while second_signal_at(k, signum):
+        k += 1
+    print(int(signum), k - 1)
+"""
+
+
+def test_a_second_signal_anywhere_inside_the_first_ones_handler_cannot_hang_it():
+    """The second SIGINT (SIGTERM) runs its handler in the middle of the first one's, at each of
+    the lines the first one runs in turn. With `threading.Event` as the handlers' state, the
+    second one waited for the lock the first one held in `Event.set`: a `pack` hung for good
+    after two Ctrl-C's 2 ms apart, and took SIGTERM the same way."""
+    try:
+        done = python_script(NESTED_SIGNAL, timeout=60, preexec_fn=foreground)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a signal inside the first one's handler hung the process")
+    assert done.returncode == 0, done.stderr
+    lines = dict(map(int, line.split()) for line in done.stdout.split("\n") if line)
+    assert set(lines) == {signal.SIGINT, signal.SIGTERM}
+    assert min(lines.values()) >= 5, lines  # it did land inside: the handlers run 5+ lines
 
 
 def test_only_the_first_interrupt_raises_and_ctrl_c_works_again_after():
