@@ -4,14 +4,12 @@ index and line, tails are packed together, and nothing here imports Ray."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_samples, read_shards, to_table, write_jsonl
+from conftest import make_samples, python_script, read_shards, to_table, write_jsonl
 
 from packer.config import PackConfig
 from packer.pipelines.block_task import block_seed, tail_rows
@@ -180,7 +178,7 @@ def test_import_and_local_engine_never_import_ray(tmp_path):
         "assert not [m for m in sys.modules if m == 'ray' or m.startswith('ray.')], 'ray imported'\n"
         "print('ok')\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = python_script(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == "ok"
 
@@ -228,7 +226,7 @@ result = packer.pack([{str(data)!r}], {str(tmp_path / "out")!r}, cfg)
 print(json.dumps({{"flushed": flushed, "shards": [s["file"] for s in result.shards],
                   "blocks": result.stats["blocks"], "pandas": "pandas" in sys.modules}}))
 """
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    r = python_script(script, timeout=300)
     assert r.returncode == 0, r.stderr
     seen = json.loads(r.stdout.strip().splitlines()[-1])
     assert seen["blocks"] > 5 and len(seen["shards"]) > 5

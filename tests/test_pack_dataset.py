@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import make_samples, read_shards, to_table, write_jsonl
+from conftest import make_samples, python_script, read_shards, to_table, write_jsonl
 
 import packer
 from packer import pack_dataset
@@ -349,7 +349,7 @@ def test_importing_packer_imports_neither_datasets_nor_torch():
         "import sys, packer; packer.pack_dataset([[1, 2]], 4); "
         "print(sorted(m for m in ('datasets', 'torch', 'transformers') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = python_script(code, check=True)
     assert out.stdout.strip() == "[]"
 
 

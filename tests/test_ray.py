@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_samples, to_table, write_jsonl
+from conftest import make_samples, python_script, to_table, write_jsonl
 
 from packer.planning.row_order import order_shards
 
@@ -155,7 +155,7 @@ def test_without_ray_installed_the_ray_engine_is_one_line_and_writes_nothing(tmp
         "'-L', '256', '--overlength', 'split', '--engine', 'ray']\n"
         "run()\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    r = python_script(code)
     assert r.returncode == 2
     assert r.stderr == (
         "error: --engine ray needs Ray, which is not installed: pip install 'ray[data]' "

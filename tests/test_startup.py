@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import make_samples, write_jsonl, write_parquet
+from conftest import make_samples, python_script, write_jsonl, write_parquet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,7 +113,7 @@ def test_reading_parquet_leaves_pyarrow_dataset_unloaded(tmp_path):
         f"source, tokens, lengths, labels, kept = read_file(Path({str(src)!r})); "
         "print(len(lengths), int(lengths.sum()), 'pyarrow.dataset' in sys.modules)"
     )
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    run = python_script(code, timeout=300)
     assert run.returncode == 0, run.stderr
     total = sum(len(s["input_ids"]) for s in samples)
     assert run.stdout.split() == [str(len(samples)), str(total), "False"]

@@ -3,12 +3,10 @@ FlexAttention and the reference, and that both a leaking kernel and a blind chec
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
+from conftest import python_script
 
 from packer.errors import UsageError
 from packer.verify import attention as A
@@ -487,5 +485,5 @@ def test_probing_on_the_cpu_leaves_torch_dynamo_unloaded():
         "found = probe_backends(); assert 'CUDA' in found['torch-varlen'], found; "
         "print(sorted(m for m in sys.modules if m.startswith('torch._dynamo')))"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    res = python_script(code, check=True)
     assert res.stdout.strip() == "[]", res.stdout
