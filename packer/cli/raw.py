@@ -257,6 +257,8 @@ def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool, runner
             resume=resume,
             runner=runner,
         )
+    if result.rebuilt:  # also with --json: the cache was not what it claimed
+        say(f"note: tokenize cache entry {result.output} tokenized again: {result.rebuilt}")
     if not json_out:
         say(summary(result.report()))
         if result.rejected:

@@ -8,6 +8,11 @@ template text, options, library versions), the raw column names, the error polic
 shard layout. A second pack of the same raw data at another L, strategy or CP size reads the
 entry instead of tokenizing again. Entries are put in place by rename, so a reader sees a
 complete entry or none; two runs that race both tokenize and the second keeps the first's.
+
+An entry is used only when every shard its `tokenized.json` lists is there with its recorded
+hash and no other shard is (checked as the entry is read: xxh3 at memory speed, a few ms per
+100 MB of shards); otherwise, and where `tokenized.json` is missing or unreadable, the entry
+is tokenized again and replaced, and `result.rebuilt` says why.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from pathlib import Path
 from packer import hashing
 from packer.contract.remote import cache_root
 from packer.tokenize.files import BATCH_BYTES, BATCH_ROWS, raw_inputs
-from packer.tokenize.output import FORMAT, read_tokenized
-from packer.tokenize.run import TokenizeResult, tokenize
+from packer.tokenize.output import FORMAT, TOKENIZED, read_tokenized, unsound
+from packer.tokenize.run import TokenizeResult, tokenize_entry
 
 
 def cache_dir() -> Path:
@@ -105,7 +110,8 @@ def tokenized_input(
         encoder_key = encoder.fingerprint
     entry = cache_dir() / cache_key(files, encoder_key, columns, on_error)
     manifest = read_tokenized(entry)
-    if manifest is not None:
+    problem = unsound(entry, manifest) if manifest is not None else None
+    if manifest is not None and problem is None:
         stats = manifest.get("stats", {})
         return TokenizeResult(
             output=str(entry),
@@ -117,7 +123,9 @@ def tokenized_input(
             rejected=stats.get("rejected", 0),
             reused=True,
         )
-    return tokenize(
+    if manifest is None and (entry.exists() or entry.is_symlink()):
+        problem = f"its {TOKENIZED} is missing or unreadable"
+    result = tokenize_entry(
         files,
         entry,
         encoder() if callable(encoder) else encoder,
@@ -129,6 +137,8 @@ def tokenized_input(
         resume=resume,
         runner=runner,
     )
+    result.rebuilt = problem
+    return result
 
 
 def describe_source(result: TokenizeResult) -> dict:

@@ -80,6 +80,7 @@ class TokenizeResult:
     engine: str = "local"  # "ray": the batches ran as tasks of that engine
     seconds: float = 0.0
     reused: bool = False  # a cached output, not tokenized by this run
+    rebuilt: str | None = None  # why a cache entry found unsound was tokenized again
     batches_reused: int = 0  # batches a resumed run kept from the killed one
     rejects: list[str] = field(default_factory=list)
 
@@ -135,21 +136,61 @@ def tokenize(
     columns = columns if columns is not None else RawColumns()
     on_error = A.choice(on_error, "on_error", ON_ERROR)
     overwrite = A.boolean(overwrite, "overwrite")
-    requested = A.integer(workers, "workers", minimum=1, none=True) or available()
-    budget = A.parse_size(memory_budget) if memory_budget is not None else None
-    n = max(1, min(requested, budget // WORKER_BYTES)) if budget else requested
+    n = _workers(workers, memory_budget)
     if not isinstance(output, (str, os.PathLike)) or not str(output):
         raise UsageError(f"{option('output')} must be a path, got {output!r}")
     target = Path(output)
     inputs = list(inputs)
     if inputs and all(isinstance(f, RawFile) for f in inputs):
-        files = inputs  # expanded already (`packer.tokenize.cache`)
+        files = inputs  # expanded already
     else:
         files = raw_inputs(inputs, skip=target)
     out_dir.check_target(target, overwrite)
+    options = (columns, on_error, n, progress, batch_rows, A.boolean(resume, "resume"), runner)
+    result = _tokenize_files(files, target, encoder, options, overwrite, entry=False)
+    result.output = str(output)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def tokenize_entry(
+    files: list[RawFile],
+    entry: Path,
+    encoder,
+    columns,
+    *,
+    workers=None,
+    memory_budget=None,
+    on_error: str = "error",
+    progress=None,
+    resume: bool = False,
+    runner=None,
+) -> TokenizeResult:
+    """`tokenize` into a tokenize cache entry (`packer.tokenize.cache`): an unsound entry there
+    is replaced, and a sound one that another process completed meanwhile is kept (its bytes
+    are this run's: `result.reused`). A user's output is never treated so."""
+    t0 = time.perf_counter()
+    on_error = A.choice(on_error, "on_error", ON_ERROR)
+    n = _workers(workers, memory_budget)
+    options = (columns, on_error, n, progress, BATCH_ROWS, bool(resume), runner)
+    result = _tokenize_files(files, Path(entry), encoder, options, False, entry=True)
+    result.output = str(entry)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _workers(workers, memory_budget) -> int:
+    """Worker processes: as asked (all cores by default), fewer where the budget has no room."""
+    requested = A.integer(workers, "workers", minimum=1, none=True) or available()
+    budget = A.parse_size(memory_budget) if memory_budget is not None else None
+    return max(1, min(requested, budget // WORKER_BYTES)) if budget else requested
+
+
+def _tokenize_files(files, target: Path, encoder, options, overwrite: bool, entry: bool):
+    columns, on_error, n, progress, batch_rows, resume, runner = options
     configure_workers(1 if n > 1 else None)  # the driver's own Arrow pools stay small
     key = resume_.run_key(files, encoder.fingerprint, columns, on_error, [batch_rows, BATCH_BYTES])
-    tmp, _ = resume_.open_run(target, key, A.boolean(resume, "resume"))
+    tmp, _ = resume_.open_run(target, key, resume)
     try:
         with interrupt_once():
             result = _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows, runner)
@@ -157,13 +198,12 @@ def tokenize(
                 raise InputError(_nothing_tokenized(files, result))
             resume_.drop_records(tmp)
             manifest = _manifest(files, encoder, columns, on_error, result, tmp)
-            placed = out_dir.finish(tmp, target, manifest, overwrite)
+            placed = out_dir.finish(tmp, target, manifest, overwrite, entry=entry)
     except BaseException:
         out_dir.discard(tmp)
         raise
-    result.output, result.manifest = str(output), manifest
+    result.manifest = manifest
     result.reused = not placed
-    result.seconds = time.perf_counter() - t0
     return result
 
 
