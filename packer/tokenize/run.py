@@ -31,7 +31,14 @@ from packer.interrupts import interrupt_once, raise_if_interrupted
 from packer.storage import display
 from packer.tokenize import output as out_dir
 from packer.tokenize import resume as resume_
-from packer.tokenize.files import BATCH_BYTES, BATCH_ROWS, RawFile, raw_inputs, read_batches
+from packer.tokenize.files import (
+    BATCH_BYTES,
+    BATCH_ROWS,
+    RawFile,
+    batch_digest,
+    raw_inputs,
+    read_batches,
+)
 from packer.tokenize.output import shard_name
 from packer.tokenize.pool import WorkerPool
 from packer.tokenize.worker import BatchDone, init_worker, setup, tokenize_batch
@@ -323,8 +330,10 @@ def _with_kept(batches: Iterable, tmp: Path) -> Iterator[tuple]:
     """(batch, its kept result or None) for each batch."""
     for batch in batches:
         kept = resume_.kept_batch(tmp, shard_name(batch.file_index, batch.batch_index))
-        if kept is not None and kept.lines != len(batch.lines):
-            kept = None  # not the batch this run cut
+        if kept is not None and (
+            kept.lines != len(batch.lines) or kept.source != batch_digest(batch)
+        ):
+            kept = None  # not the batch this run cut, or its input bytes changed
         yield batch, kept
 
 
