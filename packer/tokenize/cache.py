@@ -27,7 +27,7 @@ from packer import hashing
 from packer.contract.remote import cache_root
 from packer.tokenize.files import BATCH_BYTES, BATCH_ROWS, raw_inputs
 from packer.tokenize.output import FORMAT, TOKENIZED, read_tokenized, unsound
-from packer.tokenize.run import TokenizeResult, tokenize_entry
+from packer.tokenize.run import TokenizeResult, describe_inputs, tokenize_entry
 
 
 def cache_dir() -> Path:
@@ -122,6 +122,7 @@ def tokenized_input(
             trained=stats.get("trained_tokens", 0),
             rejected=stats.get("rejected", 0),
             reused=True,
+            inputs=describe_inputs(files),  # the user's files, whatever the entry was made from
         )
     if manifest is None and (entry.exists() or entry.is_symlink()):
         problem = f"its {TOKENIZED} is missing or unreadable"
@@ -142,11 +143,13 @@ def tokenized_input(
 
 
 def describe_source(result: TokenizeResult) -> dict:
-    """What a packed output's manifest records of the raw data it was tokenized from."""
+    """What a packed output's manifest records of the raw data it was tokenized from: the raw
+    files this pack was given (an entry found by content may have been made from a copy of
+    them under another name, which its own `tokenized.json` names)."""
     manifest = result.manifest
     return {
         "cache": result.output,
         "encoder": manifest.get("encoder"),
-        "inputs": manifest.get("inputs"),
+        "inputs": result.inputs or manifest.get("inputs"),
         "stats": manifest.get("stats"),
     }

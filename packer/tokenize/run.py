@@ -90,6 +90,7 @@ class TokenizeResult:
     rebuilt: str | None = None  # why a cache entry found unsound was tokenized again
     batches_reused: int = 0  # batches a resumed run kept from the killed one
     rejects: list[str] = field(default_factory=list)
+    inputs: list[dict] = field(default_factory=list)  # the raw files as this run was given them
 
     def report(self) -> dict:
         return {
@@ -209,7 +210,7 @@ def _tokenize_files(files, target: Path, encoder, options, overwrite: bool, entr
     except BaseException:
         out_dir.discard(tmp)
         raise
-    result.manifest = manifest
+    result.manifest, result.inputs = manifest, describe_inputs(files)
     result.reused = not placed
     return result
 
@@ -399,6 +400,13 @@ def _column_names(columns) -> list[str]:
     return [getattr(columns, f.name) for f in fields(columns)]
 
 
+def describe_inputs(files: list[RawFile]) -> list[dict]:
+    """The raw files as `tokenized.json` (and a packed output's `tokenized_from`) records them."""
+    return [
+        {"path": display(f.path) if f.fmt != "json" else f.shown, "format": f.fmt} for f in files
+    ]
+
+
 def _manifest(files: list[RawFile], encoder, columns, on_error, result, tmp: Path) -> dict:
     from dataclasses import asdict
 
@@ -417,10 +425,7 @@ def _manifest(files: list[RawFile], encoder, columns, on_error, result, tmp: Pat
         "encoder": encoder.describe(),
         "columns": asdict(columns),
         "on_error": on_error,
-        "inputs": [
-            {"path": display(f.path) if f.fmt != "json" else f.shown, "format": f.fmt}
-            for f in files
-        ],
+        "inputs": describe_inputs(files),
         "shards": [
             {"file": name, hashing.DEFAULT: hashing.file_digest(tmp / name)} for name in shards
         ],
