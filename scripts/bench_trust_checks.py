@@ -10,6 +10,12 @@
     against tokenizing the same batch with a word-level tokenizer (a cheap tokenizer: a real
     one's BPE makes the ratio smaller still).
 
+(c) `verify s3://...` reads every object its manifest lists from the store again
+    (`local_copy(check_store=True)`), where it trusted a warm local copy before: the cost of
+    that warm copy lookup against the store read, next to verifying the local copy itself
+    (`--no-attention`), on an output of ~40 MB packed to a local moto S3 server (127.0.0.1;
+    needs moto and boto3, skipped without them).
+
     python scripts/bench_trust_checks.py          # 7 runs each, medians
 """
 
@@ -157,6 +163,53 @@ def _resume_rows(tmp: Path, runs: int) -> list[tuple[str, str, str, str]]:
     ]
 
 
+def _verify_rows(tmp: Path, runs: int) -> list[tuple[str, str, str, str]]:
+    import logging
+    import os
+
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        return []
+    from conftest import make_samples, write_jsonl
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        os.environ.update(
+            AWS_ENDPOINT_URL=f"http://{host}:{port}",
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing-secret",
+            AWS_DEFAULT_REGION="us-east-1",
+            PACKER_CACHE_DIR=str(tmp / "remote-cache"),
+        )
+        boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench")
+        from packer import PackConfig, pack
+        from packer.verify import verify
+        from packer.contract.remote import local_copy
+
+        data = write_jsonl(tmp / "tokens.jsonl", make_samples(20_000, seed=1, median=200))
+        pack([str(data)], "s3://bench/out", PackConfig(max_len=4096, overlength="split"))
+        local = local_copy("s3://bench/out")
+        size = sum(p.stat().st_size for p in local.iterdir() if p.name.startswith("shard-"))
+        warm = _median(lambda: local_copy("s3://bench/out"), runs)
+        store = _median(lambda: local_copy("s3://bench/out", check_store=True), runs)
+        checks = _median(lambda: verify(local, attention=False), runs)
+    finally:
+        server.stop()
+    return [
+        (
+            f"s3 output ({size / 1e6:.1f} MB of shards)",
+            f"{warm * 1e3:.1f}",
+            f"{store * 1e3:.1f}",
+            f"{checks * 1e3:.1f}",
+        )
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=7)
@@ -165,6 +218,7 @@ def main() -> None:
         tmp = Path(name)
         entry = _entry_rows(tmp, args.runs)
         resume = _resume_rows(tmp, args.runs)
+        remote = _verify_rows(tmp, args.runs)
     print(f"(a) cache entry lookup, median of {args.runs} (ms)")
     print(f"{'entry':<34} {'tokenized.json only':>20} {'+ shard hashes':>15} {'ms / 100 MB':>12}")
     for row in entry:
@@ -173,6 +227,11 @@ def main() -> None:
     print(f"{'batch':<34} {'tokenize':>20} {'input hash':>15} {'share':>12}")
     for row in resume:
         print(f"{row[0]:<34} {row[1]:>20} {row[2]:>15} {row[3]:>12}")
+    if remote:
+        print(f"\n(c) verify of a remote output, median of {args.runs} (ms)")
+        print(f"{'output':<34} {'warm copy':>20} {'store read':>15} {'checks':>12}")
+        for row in remote:
+            print(f"{row[0]:<34} {row[1]:>20} {row[2]:>15} {row[3]:>12}")
 
 
 if __name__ == "__main__":
