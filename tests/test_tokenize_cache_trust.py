@@ -227,3 +227,57 @@ def test_an_existing_output_is_refused_without_overwrite(cli, tokenizer, tmp_pat
     again = cli("tokenize", x, "--tokenizer", tokenizer, "-o", out)
     assert again.exit_code == 2 and "output directory exists" in again.stderr
     assert "reused" not in again.stderr and digests(out, "*") == before
+
+
+# The entry check as a property: any damage to any shard is found, no damage passes
+
+
+@pytest.fixture(scope="module")
+def sound_entry(tokenizer, tmp_path_factory) -> Path:
+    from packer.tokenize.encode import Encoder
+    from packer.tokenize.run import tokenize
+
+    tmp = tmp_path_factory.mktemp("entry")
+    raw = write_jsonl(tmp / "raw.jsonl", records(2100, seed=12))  # three shards
+    tokenize([raw], tmp / "tok", Encoder(str(tokenizer)), workers=1)
+    return tmp / "tok"
+
+
+def test_every_damage_to_an_entry_is_found(sound_entry, tmp_path_factory):
+    import shutil
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from packer.tokenize.output import read_tokenized, unsound
+
+    manifest = read_tokenized(sound_entry)
+    names = [s["file"] for s in manifest["shards"]]
+    assert len(names) == 3 and unsound(sound_entry, manifest) is None
+
+    @settings(max_examples=40, deadline=None)
+    @given(
+        st.sampled_from(names),
+        st.sampled_from(["delete", "flip", "truncate", "extra"]),
+        st.floats(0, 1, exclude_max=True),
+    )
+    def check(name, damage, where):
+        copy = tmp_path_factory.mktemp("copy") / "tok"
+        shutil.copytree(sound_entry, copy)
+        shard = copy / name
+        data = bytearray(shard.read_bytes())
+        if damage == "delete":
+            shard.unlink()
+        elif damage == "flip":
+            data[int(where * len(data))] ^= 0x40
+            shard.write_bytes(bytes(data))
+        elif damage == "truncate":
+            shard.write_bytes(bytes(data[: int(where * len(data))]))
+        else:
+            name = "part-00000-000099.parquet"
+            (copy / name).write_bytes(bytes(data))
+        problem = unsound(copy, manifest)
+        assert problem is not None and problem.startswith(name)
+        shutil.rmtree(copy.parent)
+
+    check()

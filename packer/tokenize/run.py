@@ -135,6 +135,8 @@ def tokenize(
     resume: a killed run to the same output keeps the batches it finished (refused in one line
     when the inputs or options changed; `packer.tokenize.resume`). runner: the batches run as
     an engine's tasks instead of this machine's worker processes (`--engine ray`).
+    An existing `output` is replaced only with `overwrite`, also one that appears while the
+    run runs (another run's): without it, an `OutputError` and nothing written.
     """
     from packer.tokenize.records import RawColumns
 
