@@ -186,10 +186,12 @@ def _verify_rows(tmp: Path, runs: int) -> list[tuple[str, str, str, str]]:
             AWS_DEFAULT_REGION="us-east-1",
             PACKER_CACHE_DIR=str(tmp / "remote-cache"),
         )
-        boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(Bucket="bench")
+        boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).create_bucket(
+            Bucket="bench"
+        )
         from packer import PackConfig, pack
-        from packer.verify import verify
         from packer.contract.remote import local_copy
+        from packer.verify import verify
 
         data = write_jsonl(tmp / "tokens.jsonl", make_samples(20_000, seed=1, median=200))
         pack([str(data)], "s3://bench/out", PackConfig(max_len=4096, overlength="split"))
