@@ -205,8 +205,11 @@ def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
         entry = TokenizedEntry(str(result.output), named[0] if len(named) == 1 else named)
         return RawPack([entry], describe_source(result), mixing)
     results, pairs = [], []
-    for path, weight in _raw_mix(mixing["mix"]):
+    mix = _raw_mix(mixing["mix"])
+    _named_once([path for path, _ in mix])
+    for path, weight in mix:
         result = tokenized([path])
+        _one_source_per_entry(results, result, len(results))
         results.append(result)
         pairs.append({"path": result.output, "weight": weight, "raw": path})
     described = [describe_source(r) for r in results]
@@ -215,6 +218,41 @@ def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
         "sources": [{k: v for k, v in d.items() if k != "encoder"} for d in described],
     }
     return RawPack([], source, {**mixing, "mix": pairs})
+
+
+def _named_once(paths: list[str]) -> None:
+    """A raw file named by two --mix sources is refused before any tokenizing, naming it."""
+    from packer.storage import is_url
+
+    seen: dict[str, int] = {}
+    for i, path in enumerate(paths):
+        key = str(path) if is_url(str(path)) else str(Path(path).resolve())
+        if key in seen:
+            raise UsageError(
+                f"--mix: {path} is in sources {seen[key]} and {i}; a file belongs to one source"
+            )
+        seen[key] = i
+
+
+def _one_source_per_entry(earlier: list, result, i: int) -> None:
+    """Two --mix sources whose raw files hold the same bytes tokenize to one cache entry, and
+    would be one source packed twice: refused naming the user's files (never the entry's)."""
+    files = {entry["path"] for entry in result.inputs}
+    for j, other in enumerate(earlier):
+        shared = sorted(files & {entry["path"] for entry in other.inputs})
+        if shared:
+            raise UsageError(
+                f"--mix: {shared[0]} is in sources {j} and {i}; a file belongs to one source"
+            )
+        if other.output == result.output:
+            raise UsageError(
+                f"--mix: sources {j} and {i} ({_names(other)} and {_names(result)}) hold the "
+                "same bytes; a file belongs to one source"
+            )
+
+
+def _names(result) -> str:
+    return ", ".join(entry["path"] for entry in result.inputs)
 
 
 def _raw_mix(mix) -> list[tuple[str, float]]:
@@ -257,6 +295,8 @@ def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool, runner
             resume=resume,
             runner=runner,
         )
+    if result.rebuilt:  # also with --json: the cache was not what it claimed
+        say(f"note: tokenize cache entry {result.output} tokenized again: {result.rebuilt}")
     if not json_out:
         say(summary(result.report()))
         if result.rejected:

@@ -92,7 +92,7 @@ def cache_root() -> Path:
 CACHE_VERSION = "2"  # copies made before downloads were checked against the hashes: not reused
 
 
-def local_copy(text: str) -> Path:
+def local_copy(text: str, check_store: bool = False) -> Path:
     """A local directory holding the output at URL `text` as its manifest lists it.
 
     The copy is kept under `PACKER_CACHE_DIR` (default: the system's temp directory) in a
@@ -101,6 +101,10 @@ def local_copy(text: str) -> Path:
     others wait (`held_lock`), each file is checked against the manifest's hash as it arrives
     and placed under its name only when it matches, and the manifest is placed last, so a copy
     cut short is completed by the next reader and a file at its name is never replaced.
+
+    check_store (`verify`): every listed object is read from the store again, its size and
+    hash checked against the manifest, also where the copy holds it already: what is proved
+    is what the store holds, not what it held when the copy was made (a full download).
     """
     url = storage.parse_url(text)
     if url.protocol == "file":
@@ -112,10 +116,12 @@ def local_copy(text: str) -> Path:
     key = hashlib.sha256(f"{CACHE_VERSION}\0{url}\0".encode() + data).hexdigest()[:20]
     local = cache_root() / key
     storage.names.register(local, str(url))
-    if _copied(local, data):
+    if _copied(local, data) and not check_store:
         return local
     local.mkdir(parents=True, exist_ok=True)
     with held_lock(local / ".lock"):
+        if check_store:
+            _fetch_listed(url, manifest, local, again=True)
         if not _copied(local, data):  # another process may have finished it meanwhile
             remove_dead_parts(local)
             _fetch_listed(url, manifest, local)
@@ -145,8 +151,10 @@ def _listed_entries(manifest: dict) -> dict[str, dict]:
     return entries
 
 
-def _fetch_listed(url: Url, manifest: dict, local: Path) -> None:
-    """Download every file the manifest lists that the copy lacks, each checked on arrival."""
+def _fetch_listed(url: Url, manifest: dict, local: Path, again: bool = False) -> None:
+    """Download every file the manifest lists that the copy lacks, each checked on arrival;
+    `again`: every file, its size on the store and its bytes checked against the manifest (a
+    file the copy holds already stays: the bytes were the same)."""
     store = storage.store_for(url)
     entries = _listed_entries(manifest)
     for name in listed_files(manifest):
@@ -159,8 +167,15 @@ def _fetch_listed(url: Url, manifest: dict, local: Path) -> None:
             raise InputError(
                 f"{name}: listed in the manifest but missing on the store", where=redact(str(url))
             )
+        recorded_size = entries.get(name, {}).get("bytes")
+        if isinstance(recorded_size, int) and recorded_size != entry.size:
+            raise InputError(
+                f"the object holds {entry.size:,} bytes but its manifest records "
+                f"{recorded_size:,} (it changed after the output was written)",
+                where=redact(str(url.child(name))),
+            )
         target = local / name
-        if target.is_file() and target.stat().st_size == entry.size:
+        if not again and target.is_file() and target.stat().st_size == entry.size:
             continue  # placed by an earlier reader after its hash matched
         recorded = hashing.recorded(entries.get(name, {}))
         digest = None

@@ -8,6 +8,11 @@ template text, options, library versions), the raw column names, the error polic
 shard layout. A second pack of the same raw data at another L, strategy or CP size reads the
 entry instead of tokenizing again. Entries are put in place by rename, so a reader sees a
 complete entry or none; two runs that race both tokenize and the second keeps the first's.
+
+An entry is used only when every shard its `tokenized.json` lists is there with its recorded
+hash and no other shard is (checked as the entry is read: 25 to 55 ms per 100 MB of shards
+in the page cache, `scripts/bench_trust_checks.py`); otherwise, and where `tokenized.json` is missing or unreadable, the entry
+is tokenized again and replaced, and `result.rebuilt` says why.
 """
 
 from __future__ import annotations
@@ -21,8 +26,8 @@ from pathlib import Path
 from packer import hashing
 from packer.contract.remote import cache_root
 from packer.tokenize.files import BATCH_BYTES, BATCH_ROWS, raw_inputs
-from packer.tokenize.output import FORMAT, read_tokenized
-from packer.tokenize.run import TokenizeResult, tokenize
+from packer.tokenize.output import FORMAT, TOKENIZED, read_tokenized, unsound
+from packer.tokenize.run import TokenizeResult, describe_inputs, tokenize_entry
 
 
 def cache_dir() -> Path:
@@ -105,7 +110,8 @@ def tokenized_input(
         encoder_key = encoder.fingerprint
     entry = cache_dir() / cache_key(files, encoder_key, columns, on_error)
     manifest = read_tokenized(entry)
-    if manifest is not None:
+    problem = unsound(entry, manifest) if manifest is not None else None
+    if manifest is not None and problem is None:
         stats = manifest.get("stats", {})
         return TokenizeResult(
             output=str(entry),
@@ -116,8 +122,11 @@ def tokenized_input(
             trained=stats.get("trained_tokens", 0),
             rejected=stats.get("rejected", 0),
             reused=True,
+            inputs=describe_inputs(files),  # the user's files, whatever the entry was made from
         )
-    return tokenize(
+    if manifest is None and (entry.exists() or entry.is_symlink()):
+        problem = f"its {TOKENIZED} is missing or unreadable"
+    result = tokenize_entry(
         files,
         entry,
         encoder() if callable(encoder) else encoder,
@@ -129,14 +138,18 @@ def tokenized_input(
         resume=resume,
         runner=runner,
     )
+    result.rebuilt = problem
+    return result
 
 
 def describe_source(result: TokenizeResult) -> dict:
-    """What a packed output's manifest records of the raw data it was tokenized from."""
+    """What a packed output's manifest records of the raw data it was tokenized from: the raw
+    files this pack was given (an entry found by content may have been made from a copy of
+    them under another name, which its own `tokenized.json` names)."""
     manifest = result.manifest
     return {
         "cache": result.output,
         "encoder": manifest.get("encoder"),
-        "inputs": manifest.get("inputs"),
+        "inputs": result.inputs or manifest.get("inputs"),
         "stats": manifest.get("stats"),
     }

@@ -15,6 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from packer import hashing
 from packer.contract.names import TMP_MARK
 from packer.errors import OutputError, UsageError, option
 from packer.interrupts import begin_output, commit_point, deferred_signals
@@ -36,6 +37,32 @@ def read_tokenized(directory: Path) -> dict | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and data.get("format") == FORMAT else None
+
+
+def unsound(directory: Path, manifest: dict) -> str | None:
+    """Why a tokenized output cannot be used as its `tokenized.json` describes it, in words (a
+    listed shard missing or with other bytes than its recorded hash, a shard it does not list);
+    None when every listed shard is there with its hash. A tokenize cache entry is checked so
+    as it is read: xxh3 of memory-mapped shards, 25 to 55 ms per 100 MB in the page cache
+    here (`scripts/bench_trust_checks.py`)."""
+    listed = manifest.get("shards")
+    if not isinstance(listed, list):
+        return f"its {TOKENIZED} lists no shards"
+    names = set()
+    for entry in listed:
+        name = entry.get("file") if isinstance(entry, dict) else None
+        recorded = hashing.recorded(entry) if isinstance(entry, dict) else None
+        if not isinstance(name, str) or "/" in name or not name or recorded is None:
+            return f"its {TOKENIZED} is malformed (a shard without a name or a hash)"
+        try:
+            digest = hashing.file_digest(Path(directory) / name, recorded[0])
+        except OSError:
+            return f"{name} is missing"
+        if digest != recorded[1]:
+            return f"{name} does not match the hash its {TOKENIZED} records"
+        names.add(name)
+    extra = sorted(p.name for p in Path(directory).glob("part-*.parquet") if p.name not in names)
+    return f"{extra[0]} is not listed in its {TOKENIZED}" if extra else None
 
 
 def check_target(output: Path, overwrite: bool) -> None:
@@ -86,28 +113,46 @@ def discard(tmp: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def finish(tmp: Path, output: Path, manifest: dict, overwrite: bool) -> bool:
-    """Write `tokenized.json` last, flush, and rename the directory into place. False (and
-    `tmp` removed) when, without `overwrite`, an output appeared meanwhile: a cache entry that
-    another process completed first."""
+def finish(tmp: Path, output: Path, manifest: dict, overwrite: bool, entry: bool = False) -> bool:
+    """Write `tokenized.json` last, flush, and rename the directory into place.
+
+    A user's output is put only where nothing is (`overwrite` replaces one): a directory that
+    appeared while the run ran (another run's output, a `mkdir`) is left as it is, `tmp` is
+    removed and the run fails in one line. The directory is claimed by `mkdir`, which only one
+    process can do, and `tmp` renamed over the claim. `entry`: the output is a tokenize cache
+    entry (`packer.tokenize.cache`); False (and `tmp` removed) when another process completed a
+    sound one meanwhile, whose bytes are this run's; an unsound one is replaced."""
     with open(tmp / TOKENIZED, "w", encoding="utf-8") as fh:
         json.dump(manifest, fh, indent=2, sort_keys=True)
         fh.write("\n")
-    for entry in tmp.iterdir():
-        fd = os.open(entry, os.O_RDONLY)
+    for item in tmp.iterdir():
+        fd = os.open(item, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+    if entry and not overwrite and output.exists():
+        found = read_tokenized(output)
+        overwrite = found is None or unsound(output, found) is not None
     with commit_point(str(output)):
-        if output.exists():
-            if not overwrite:
-                discard(tmp)
-                return False
+        if overwrite and (output.exists() or output.is_symlink()):
             old = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}-old"
             os.rename(output, old)
             os.rename(tmp, output)
             shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, output)
+            return True
+        try:
+            output.mkdir()  # the claim: fails where anything is
+            os.rename(tmp, output)  # over the claim, still empty
+        except OSError:
+            discard(tmp)
+            found = read_tokenized(output) if entry else None
+            if found is not None and unsound(output, found) is None:
+                return False
+            raise OutputError(
+                "output directory appeared while tokenizing (another run's, or one made "
+                "meanwhile); it is left as it is and nothing was written: pass "
+                f"{option('overwrite=True', '--overwrite')} to replace it",
+                where=str(output),
+            ) from None
     return True

@@ -4,13 +4,15 @@ A run writes its run record (`.done/run.json`: packer's version, the encoder's f
 the raw columns, the error policy, the batch layout and every input's path, size and
 modification time) into its temporary output before the first batch, and the driver writes a
 completion record per batch (`.done/part-FFFFF-BBBBBB.json`) once the batch's shard is written:
-its counts, its rejects, and the shard's size and hash. Records are written to a private name
+its counts, its rejects, the shard's size and hash, and the hash of the input rows it covers
+(`packer.tokenize.files.batch_digest`). Records are written to a private name
 and renamed, so a killed run leaves whole records or none.
 
 With `resume`, the newest temporary output of a dead run to the same output is adopted when its
 run record equals this run's (refused in one line naming what changed otherwise): renamed to
-this run's name, every batch whose record and shard are sound is kept and the others are
-tokenized again. The kept shards are the bytes the killed run wrote, and a batch's bytes do not
+this run's name, every batch whose record and shard are sound and whose input rows still hash
+as recorded is kept, and the others are tokenized again: size and modification time alone
+would keep the stale tokens of a file edited in place with its time put back. The kept shards are the bytes the killed run wrote, and a batch's bytes do not
 depend on the run, so the output is an uninterrupted run's. `.done` is removed before the
 output is placed.
 

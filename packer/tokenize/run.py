@@ -31,7 +31,14 @@ from packer.interrupts import interrupt_once, raise_if_interrupted
 from packer.storage import display
 from packer.tokenize import output as out_dir
 from packer.tokenize import resume as resume_
-from packer.tokenize.files import BATCH_BYTES, BATCH_ROWS, RawFile, raw_inputs, read_batches
+from packer.tokenize.files import (
+    BATCH_BYTES,
+    BATCH_ROWS,
+    RawFile,
+    batch_digest,
+    raw_inputs,
+    read_batches,
+)
 from packer.tokenize.output import shard_name
 from packer.tokenize.pool import WorkerPool
 from packer.tokenize.worker import BatchDone, init_worker, setup, tokenize_batch
@@ -80,8 +87,10 @@ class TokenizeResult:
     engine: str = "local"  # "ray": the batches ran as tasks of that engine
     seconds: float = 0.0
     reused: bool = False  # a cached output, not tokenized by this run
+    rebuilt: str | None = None  # why a cache entry found unsound was tokenized again
     batches_reused: int = 0  # batches a resumed run kept from the killed one
     rejects: list[str] = field(default_factory=list)
+    inputs: list[dict] = field(default_factory=list)  # the raw files as this run was given them
 
     def report(self) -> dict:
         return {
@@ -126,6 +135,8 @@ def tokenize(
     resume: a killed run to the same output keeps the batches it finished (refused in one line
     when the inputs or options changed; `packer.tokenize.resume`). runner: the batches run as
     an engine's tasks instead of this machine's worker processes (`--engine ray`).
+    An existing `output` is replaced only with `overwrite`, also one that appears while the
+    run runs (another run's): without it, an `OutputError` and nothing written.
     """
     from packer.tokenize.records import RawColumns
 
@@ -135,21 +146,61 @@ def tokenize(
     columns = columns if columns is not None else RawColumns()
     on_error = A.choice(on_error, "on_error", ON_ERROR)
     overwrite = A.boolean(overwrite, "overwrite")
-    requested = A.integer(workers, "workers", minimum=1, none=True) or available()
-    budget = A.parse_size(memory_budget) if memory_budget is not None else None
-    n = max(1, min(requested, budget // WORKER_BYTES)) if budget else requested
+    n = _workers(workers, memory_budget)
     if not isinstance(output, (str, os.PathLike)) or not str(output):
         raise UsageError(f"{option('output')} must be a path, got {output!r}")
     target = Path(output)
     inputs = list(inputs)
     if inputs and all(isinstance(f, RawFile) for f in inputs):
-        files = inputs  # expanded already (`packer.tokenize.cache`)
+        files = inputs  # expanded already
     else:
         files = raw_inputs(inputs, skip=target)
     out_dir.check_target(target, overwrite)
+    options = (columns, on_error, n, progress, batch_rows, A.boolean(resume, "resume"), runner)
+    result = _tokenize_files(files, target, encoder, options, overwrite, entry=False)
+    result.output = str(output)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def tokenize_entry(
+    files: list[RawFile],
+    entry: Path,
+    encoder,
+    columns,
+    *,
+    workers=None,
+    memory_budget=None,
+    on_error: str = "error",
+    progress=None,
+    resume: bool = False,
+    runner=None,
+) -> TokenizeResult:
+    """`tokenize` into a tokenize cache entry (`packer.tokenize.cache`): an unsound entry there
+    is replaced, and a sound one that another process completed meanwhile is kept (its bytes
+    are this run's: `result.reused`). A user's output is never treated so."""
+    t0 = time.perf_counter()
+    on_error = A.choice(on_error, "on_error", ON_ERROR)
+    n = _workers(workers, memory_budget)
+    options = (columns, on_error, n, progress, BATCH_ROWS, bool(resume), runner)
+    result = _tokenize_files(files, Path(entry), encoder, options, False, entry=True)
+    result.output = str(entry)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _workers(workers, memory_budget) -> int:
+    """Worker processes: as asked (all cores by default), fewer where the budget has no room."""
+    requested = A.integer(workers, "workers", minimum=1, none=True) or available()
+    budget = A.parse_size(memory_budget) if memory_budget is not None else None
+    return max(1, min(requested, budget // WORKER_BYTES)) if budget else requested
+
+
+def _tokenize_files(files, target: Path, encoder, options, overwrite: bool, entry: bool):
+    columns, on_error, n, progress, batch_rows, resume, runner = options
     configure_workers(1 if n > 1 else None)  # the driver's own Arrow pools stay small
     key = resume_.run_key(files, encoder.fingerprint, columns, on_error, [batch_rows, BATCH_BYTES])
-    tmp, _ = resume_.open_run(target, key, A.boolean(resume, "resume"))
+    tmp, _ = resume_.open_run(target, key, resume)
     try:
         with interrupt_once():
             result = _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows, runner)
@@ -157,13 +208,12 @@ def tokenize(
                 raise InputError(_nothing_tokenized(files, result))
             resume_.drop_records(tmp)
             manifest = _manifest(files, encoder, columns, on_error, result, tmp)
-            placed = out_dir.finish(tmp, target, manifest, overwrite)
+            placed = out_dir.finish(tmp, target, manifest, overwrite, entry=entry)
     except BaseException:
         out_dir.discard(tmp)
         raise
-    result.output, result.manifest = str(output), manifest
+    result.manifest, result.inputs = manifest, describe_inputs(files)
     result.reused = not placed
-    result.seconds = time.perf_counter() - t0
     return result
 
 
@@ -283,8 +333,10 @@ def _with_kept(batches: Iterable, tmp: Path) -> Iterator[tuple]:
     """(batch, its kept result or None) for each batch."""
     for batch in batches:
         kept = resume_.kept_batch(tmp, shard_name(batch.file_index, batch.batch_index))
-        if kept is not None and kept.lines != len(batch.lines):
-            kept = None  # not the batch this run cut
+        if kept is not None and (
+            kept.lines != len(batch.lines) or kept.source != batch_digest(batch)
+        ):
+            kept = None  # not the batch this run cut, or its input bytes changed
         yield batch, kept
 
 
@@ -350,6 +402,13 @@ def _column_names(columns) -> list[str]:
     return [getattr(columns, f.name) for f in fields(columns)]
 
 
+def describe_inputs(files: list[RawFile]) -> list[dict]:
+    """The raw files as `tokenized.json` (and a packed output's `tokenized_from`) records them."""
+    return [
+        {"path": display(f.path) if f.fmt != "json" else f.shown, "format": f.fmt} for f in files
+    ]
+
+
 def _manifest(files: list[RawFile], encoder, columns, on_error, result, tmp: Path) -> dict:
     from dataclasses import asdict
 
@@ -368,10 +427,7 @@ def _manifest(files: list[RawFile], encoder, columns, on_error, result, tmp: Pat
         "encoder": encoder.describe(),
         "columns": asdict(columns),
         "on_error": on_error,
-        "inputs": [
-            {"path": display(f.path) if f.fmt != "json" else f.shown, "format": f.fmt}
-            for f in files
-        ],
+        "inputs": describe_inputs(files),
         "shards": [
             {"file": name, hashing.DEFAULT: hashing.file_digest(tmp / name)} for name in shards
         ],

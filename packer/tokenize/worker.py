@@ -25,7 +25,7 @@ from packer.errors import (
     InputError,
     Terminated,
 )
-from packer.tokenize.files import RawBatch, decode_rows
+from packer.tokenize.files import RawBatch, batch_digest, decode_rows
 from packer.tokenize.output import shard_name
 
 _state: dict = {}
@@ -44,6 +44,7 @@ class BatchDone:
     trained: int = 0
     shard: str | None = None
     rejects: list[str] = field(default_factory=list)
+    source: str | None = None  # `batch_digest` of the rows: what a resumed run checks
 
 
 def init_worker(encoder, columns, on_error: str) -> None:
@@ -81,6 +82,7 @@ def tokenize_batch(batch: RawBatch, directory: str) -> BatchDone:
 
     encoder, columns, skip = _state["encoder"], _state["columns"], _state["on_error"] == "skip"
     done = BatchDone(batch.file_index, batch.batch_index, len(batch.lines))
+    done.source = batch_digest(batch)
     records, places, rejects = [], [], []
     for i, row in enumerate(decode_rows(batch)):
         problem = row if isinstance(row, str) else None

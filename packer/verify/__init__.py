@@ -113,7 +113,8 @@ def verify(
 
     t0 = time.perf_counter()
     load()  # before any check: a signal cannot land inside numba's loading
-    out = local_copy(output_dir) if is_url(output_dir) else Path(output_dir)
+    # a remote output: what the store holds now is checked, not an earlier copy of it
+    out = local_copy(output_dir, check_store=True) if is_url(output_dir) else Path(output_dir)
     version = OutputVersion(out)
     try:
         count = parse_rows(rows)
