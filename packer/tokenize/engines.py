@@ -75,9 +75,7 @@ class FastokensEngine:
         try:
             import fastokens
         except ImportError:
-            raise refused(
-                "fastokens is not installed (pip install 'packer-llm[fastokens]')"
-            ) from None
+            raise refused("fastokens is not installed (pip install fastokens==0.3.5)") from None
         try:
             native = fastokens.Tokenizer.from_json_str(text)
         except Exception as e:  # ValueError: "unsupported normalizer type: NFKC", ...

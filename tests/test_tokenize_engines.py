@@ -1,0 +1,237 @@
+"""Tokenizer engines: fastokens is used only where it gives tokenizers' ids, proven on the
+probe set of the tokenizer itself, cached per tokenizer; anything else falls back to `hf`
+with one line (`auto`) or fails in one line (`fastokens`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("fastokens")
+pytest.importorskip("tokenizers")
+
+from engines_util import (  # noqa: E402
+    ANTHROPIC_SPECIALS,
+    PIECES,
+    anthropic_backend,
+    generated_texts,
+    tiny_backend,
+)
+from tokenizers_util import SPECIALS  # noqa: E402
+
+from packer.errors import EXIT_USAGE, flag_names  # noqa: E402
+from packer.tokenize import engines, proof  # noqa: E402
+from packer.tokenize.engines import (  # noqa: E402
+    EngineError,
+    FastokensEngine,
+    HFEngine,
+    fallback_line,
+    resolve_engine,
+)
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return tiny_backend(tmp_path_factory.mktemp("tiny"))
+
+
+def with_bos(backend):
+    """The backend with a post-processor that adds a BOS (as Llama's does)."""
+    from tokenizers import processors
+
+    copy = backend.__class__.from_str(backend.to_str())
+    bos = SPECIALS[0]
+    copy.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", special_tokens=[(bos, copy.token_to_id(bos))]
+    )
+    return copy
+
+
+def assert_same_ids(backend, texts):
+    hf, fast = HFEngine(backend), FastokensEngine.from_backend(backend)
+    for special in (False, True):
+        want = hf.encode_batch(texts, add_special_tokens=special)
+        assert fast.encode_batch(texts, add_special_tokens=special) == want
+        for engine in (hf, fast):
+            values, offsets = engine.encode_flat(texts, add_special_tokens=special)
+            assert [values[a:b].tolist() for a, b in zip(offsets, offsets[1:])] == want
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(st.lists(st.sampled_from([*PIECES, *SPECIALS]), max_size=25), min_size=1, max_size=20)
+)
+def test_same_ids_on_tiny_tokenizers(tiny, parts):
+    texts = ["".join(p) for p in parts]
+    assert_same_ids(tiny, texts)
+    assert_same_ids(with_bos(tiny), texts)
+
+
+def test_same_ids_on_a_smaller_vocabulary(tmp_path):
+    assert_same_ids(tiny_backend(tmp_path, vocab_size=300), generated_texts(500, seed=1))
+
+
+def test_same_ids_on_the_anthropic_vocabulary():
+    backend = anthropic_backend(normalizer=False)
+    specials = [ANTHROPIC_SPECIALS[0], "<META_START>", "<EOT>"]
+    texts = generated_texts(2000, seed=2, specials=specials)
+    assert_same_ids(backend, texts)
+    assert resolve_engine("fastokens", backend, extra_texts=texts).name == "fastokens"
+
+
+def test_a_tokenizer_fastokens_cannot_load_falls_back_in_one_line():
+    backend = anthropic_backend()  # as shipped: an NFKC normalizer, which fastokens lacks
+    resolved = resolve_engine("auto", backend)
+    assert resolved.name == "hf" and resolved.requested == "auto"
+    assert "NFKC" in resolved.reason and "\n" not in resolved.reason
+    with flag_names():
+        line = fallback_line(resolved)
+    assert line.startswith("--tokenizer-engine auto: tokenizing with hf, not fastokens (")
+    with pytest.raises(EngineError) as raised:
+        resolve_engine("fastokens", backend)
+    message = str(raised.value)
+    assert message.startswith("tokenizer_engine fastokens: fastokens cannot load this tokenizer")
+    assert "NFKC" in message and "\n" not in message
+    assert raised.value.exit_code == EXIT_USAGE
+
+
+def test_a_model_fastokens_lacks_falls_back():
+    from tokenizers import Tokenizer, models
+
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0))
+    resolved = resolve_engine("auto", unigram)
+    assert resolved.name == "hf" and "Unigram" in resolved.reason
+    with pytest.raises(EngineError, match="unsupported model type: Unigram"):
+        resolve_engine("fastokens", unigram)
+
+
+def test_fastokens_not_installed(tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fastokens", None)  # import fastokens raises ImportError
+    assert resolve_engine("auto", tiny).reason.startswith("fastokens is not installed")
+    with pytest.raises(EngineError, match="fastokens is not installed"):
+        resolve_engine("fastokens", tiny)
+
+
+def test_hf_is_the_reference_and_a_bad_name_is_refused(tiny):
+    assert resolve_engine("hf", tiny).name == "hf"
+    with pytest.raises(EngineError, match="tokenizer_engine must be one of auto, hf, fastokens"):
+        resolve_engine("rust", tiny)
+
+
+def planted(monkeypatch, target: str):
+    """fastokens gives one id wrong, on `target` only."""
+    encode = FastokensEngine.encode_batch
+
+    def wrong(self, texts, *, add_special_tokens):
+        out = encode(self, texts, add_special_tokens=add_special_tokens)
+        return [
+            [i + 1 for i in ids[:1]] + ids[1:] if t == target else ids for t, ids in zip(texts, out)
+        ]
+
+    monkeypatch.setattr(FastokensEngine, "encode_batch", wrong)
+
+
+def test_a_planted_difference_is_not_proven(tiny, monkeypatch):
+    probes = proof.probe_texts(tiny)
+    target = next(p for p in probes if p.startswith("don't"))
+    planted(monkeypatch, target)
+    resolved = resolve_engine("auto", tiny)
+    assert resolved.name == "hf"
+    n = probes.index(target)
+    assert resolved.reason.startswith(f"its ids differ from tokenizers' on probe {n} (\"don't")
+    assert "add_special_tokens=False): token 0 is" in resolved.reason
+    with pytest.raises(EngineError, match=f"probe {n} "):
+        resolve_engine("fastokens", tiny)
+
+
+def test_a_difference_on_the_runs_own_texts_is_caught_even_when_cached(tiny, monkeypatch):
+    texts = ["<|im_start|>user\nhello there<|im_end|>\n", "the water"]
+    assert resolve_engine("auto", tiny, extra_texts=texts).name == "fastokens"
+    planted(monkeypatch, texts[1])
+    resolved = resolve_engine("auto", tiny, extra_texts=texts)
+    assert resolved.name == "hf" and " on text 1 ('the water'" in resolved.reason
+
+
+def counting(monkeypatch) -> list:
+    calls = []
+    probe = proof.probe_texts
+
+    def counted(backend):
+        calls.append(1)
+        return probe(backend)
+
+    monkeypatch.setattr(proof, "probe_texts", counted)
+    return calls
+
+
+def test_the_proof_is_cached_and_invalidated_when_the_tokenizer_changes(
+    tmp_path, cache_dir, monkeypatch
+):
+    from tokenizers import AddedToken, Tokenizer
+
+    calls = counting(monkeypatch)
+    directory = tmp_path / "tok"
+    backend = tiny_backend(directory)
+    first = proof.prove_equal(HFEngine(backend), FastokensEngine.from_backend(backend), backend)
+    assert first.equal and not first.cached and len(calls) == 1
+    assert len(list((cache_dir / "engines").glob("*.json"))) == 1
+    again = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    second = proof.prove_equal(HFEngine(again), FastokensEngine.from_backend(again), again)
+    assert second.cached and second.equal and second.probes == first.probes and len(calls) == 1
+    assert resolve_engine("auto", again).name == "fastokens" and len(calls) == 1
+
+    again.add_tokens([AddedToken("<tool>", special=False)])  # the tokenizer's file changes
+    again.save(str(directory / "tokenizer.json"))
+    edited = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    third = proof.prove_equal(HFEngine(edited), FastokensEngine.from_backend(edited), edited)
+    assert not third.cached and third.probes > first.probes and len(calls) == 2
+    # the same JSON, other files (a digest from `files_digest`): probed again
+    resolve_engine("auto", edited, tokenizer_sha256="another")
+    assert len(calls) == 3
+
+
+def test_a_failed_proof_is_cached_too(tiny, monkeypatch):
+    calls = counting(monkeypatch)
+    target = next(p for p in proof.probe_texts(tiny) if p.startswith("don't"))
+    calls.clear()
+    planted(monkeypatch, target)
+    first = resolve_engine("auto", tiny)
+    second = resolve_engine("auto", tiny)
+    assert first.name == second.name == "hf" and first.reason == second.reason
+    assert len(calls) == 1
+
+
+def test_a_broken_cache_entry_is_probed_again(tiny, cache_dir, monkeypatch):
+    calls = counting(monkeypatch)
+    resolve_engine("auto", tiny)
+    (entry,) = (cache_dir / "engines").glob("*.json")
+    entry.write_text("{not json")
+    assert resolve_engine("auto", tiny).name == "fastokens" and len(calls) == 2
+    assert json.loads(entry.read_text())["equal"] is True
+
+
+def test_cache_off_reads_and_writes_nothing(tiny, cache_dir):
+    assert resolve_engine("auto", tiny, cache=False).name == "fastokens"
+    assert not (cache_dir / "engines").exists()
+
+
+def test_the_probe_set_covers_the_tokenizer(tiny):
+    probes = proof.probe_texts(tiny)
+    for token in SPECIALS:
+        assert token in probes and " " + token + " " in probes and "a" + token in probes
+    assert " " * 17 in probes and "\n" * 17 in probes and "\t" * 5 in probes
+    assert any("\u200d" in p for p in probes) and "\x00" in probes
+    assert len(probes) == len(set(probes))
+    assert engines.ENGINES == ("auto", "hf", "fastokens")
