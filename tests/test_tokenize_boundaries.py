@@ -21,7 +21,12 @@ from engines_util import (  # noqa: E402
 )
 from tokenizers_util import SPECIALS  # noqa: E402
 
-from packer.tokenize.boundaries import token_boundaries, token_boundaries_batch  # noqa: E402
+from packer.tokenize.boundaries import (  # noqa: E402
+    special_anchors,
+    special_pattern,
+    token_boundaries,
+    token_boundaries_batch,
+)
 from packer.tokenize.engines import HFEngine  # noqa: E402
 
 SETTINGS = settings(
@@ -118,9 +123,9 @@ def test_a_token_that_straddles_the_boundary(tiny):
     assert ids[got[3] - 1] == tiny.token_to_id("<|im_end|>")
 
 
-def test_a_stripping_added_token_makes_every_prefix_whole(tmp_path):
-    """An added token that eats the whitespace before it: the cuts do not add up, and the
-    boundaries come from whole prefixes, still right."""
+def test_an_added_token_that_strips_the_whitespace_before_it(tmp_path):
+    """`<sep>` (lstrip) eats the spaces before it: the prefix up to it is not the ids before
+    it, and the ids still give the anchors for the boundaries after it."""
     from tokenizers import AddedToken
 
     backend = tiny_backend(tmp_path)
@@ -129,9 +134,41 @@ def test_a_stripping_added_token_makes_every_prefix_whole(tmp_path):
     engine = HFEngine(backend)
     ids = engine.encode_batch([text], add_special_tokens=False)[0]
     chars = list(range(len(text) + 1))
+    pattern = special_pattern(["<sep>"])
+    sep = backend.token_to_id("<sep>")
+    assert special_anchors(text, ids, pattern, {"<sep>": sep})[1] == [0, ids.index(sep), 5]
     got = token_boundaries(engine, text, ids, chars, ["<sep>"])
     assert got == [prefix_reference(backend, text, ids, b) for b in chars]
     assert got[text.index("<sep>")] is None  # the spaces before it belong to <sep>
+    assert got[text.index("<sep>") + 5] == ids.index(sep) + 1
+
+
+def test_ids_that_do_not_hold_the_special_tokens_make_every_prefix_whole(tmp_path):
+    """A single-word added token does not match inside a word, and under NFKC a full-width
+    `＜x＞` is the added token `<x>`: the ids do not hold the special tokens where the text
+    does (here as many, in another order), so no anchor is taken from them, and every prefix is
+    tokenized whole."""
+    from tokenizers import AddedToken, normalizers
+
+    backend = tiny_backend(tmp_path)
+    backend.normalizer = normalizers.NFKC()
+    backend.add_special_tokens(
+        [
+            AddedToken("<w>", single_word=True, special=True),
+            AddedToken("<x>", special=True, normalized=True),
+        ]
+    )
+    w, x = backend.token_to_id("<w>"), backend.token_to_id("<x>")
+    token = {"<w>": w, "<x>": x}
+    engine = HFEngine(backend)
+    for text in ["the<w>water <w> the", "the<w>water \uff1cx\uff1e <x> the"]:
+        ids = engine.encode_batch([text], add_special_tokens=False)[0]
+        assert ids.count(w) == text.count("<w>") - 1  # the one inside a word is not the token
+        assert ids.count(x) == text.count("<x>") + text.count("\uff1cx\uff1e")
+        assert special_anchors(text, ids, special_pattern(token), token) == ([0], [0])
+        chars = list(range(len(text) + 1))
+        got = token_boundaries(engine, text, ids, chars, list(token))
+        assert got == [prefix_reference(backend, text, ids, b) for b in chars]
 
 
 def test_the_memo_holds_short_pieces_only_and_gives_the_same_answers(tiny):
