@@ -150,7 +150,9 @@ def test_a_planted_difference_is_not_proven(tiny, monkeypatch):
     resolved = resolve_engine("auto", tiny)
     assert resolved.name == "hf"
     n = probes.index(target)
-    assert resolved.reason.startswith(f"its ids differ from tokenizers' on probe {n} (\"don't")
+    assert resolved.reason.startswith(
+        f"fastokens gives other ids than tokenizers on probe {n} (\"don't"
+    )
     assert "add_special_tokens=False): token 0 is" in resolved.reason
     with pytest.raises(EngineError, match=f"probe {n} "):
         resolve_engine("fastokens", tiny)
@@ -162,6 +164,23 @@ def test_a_difference_on_the_runs_own_texts_is_caught_even_when_cached(tiny, mon
     planted(monkeypatch, texts[1])
     resolved = resolve_engine("auto", tiny, extra_texts=texts)
     assert resolved.name == "hf" and " on text 1 ('the water'" in resolved.reason
+
+
+def test_a_text_the_reference_cannot_encode_is_left_out(tiny, monkeypatch):
+    texts = ["the water", "a\ud800b", "hello"]  # a lone surrogate: tokenizers refuses it
+    assert resolve_engine("auto", tiny, extra_texts=texts).name == "fastokens"
+    planted(monkeypatch, "hello")
+    resolved = resolve_engine("auto", tiny, extra_texts=texts)
+    assert resolved.name == "hf" and " on text 2 ('hello'" in resolved.reason
+
+
+def test_an_engine_that_raises_is_not_proven(tiny, monkeypatch):
+    def fails(self, texts, *, add_special_tokens):
+        raise RuntimeError("boom\nsecond line")
+
+    monkeypatch.setattr(FastokensEngine, "encode_batch", fails)
+    resolved = resolve_engine("auto", tiny, cache=False)
+    assert resolved.name == "hf" and resolved.reason == "fastokens fails on the probes: boom"
 
 
 def counting(monkeypatch) -> list:

@@ -1,6 +1,6 @@
 """Tokenizer engines: what turns texts into ids, behind one small interface.
 
-- `hf`: the 🤗 `tokenizers` backend of the loaded tokenizer, as packer has always called it;
+- `hf`: the 🤗 `tokenizers` backend of the loaded tokenizer, called as packer calls it;
   the reference.
 - `fastokens`: the Rust BPE encoder of the `fastokens` package (the `fastokens` extra), built
   from the same backend's JSON (`to_str`), so it sees every added token transformers added. It
@@ -156,7 +156,7 @@ def resolve_engine(
             cache=cache,
         )
         if not proof.equal:
-            raise refused(f"its ids differ from tokenizers' on {proof.difference}")
+            raise refused(proof.difference)
     except EngineError as e:
         if requested == "fastokens":
             raise
