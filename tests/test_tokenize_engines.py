@@ -254,3 +254,34 @@ def test_the_probe_set_covers_the_tokenizer(tiny):
     assert any("\u200d" in p for p in probes) and "\x00" in probes
     assert len(probes) == len(set(probes))
     assert engines.ENGINES == ("auto", "hf", "fastokens")
+
+
+def test_a_cache_that_cannot_be_written_costs_a_probe_only(tiny, tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(blocker))
+    calls = counting(monkeypatch)
+    assert resolve_engine("auto", tiny).name == "fastokens"
+    assert resolve_engine("auto", tiny).name == "fastokens" and len(calls) == 2
+    assert blocker.read_text() == "" and list(tmp_path.iterdir()) == [blocker]
+
+
+def test_a_refusal_to_load_is_cached(monkeypatch):
+    from tokenizers import Tokenizer, models
+
+    unigram = Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0))
+    built = []
+    from_json = FastokensEngine.from_json.__func__
+
+    def counted(cls, text):
+        built.append(1)
+        return from_json(cls, text)
+
+    monkeypatch.setattr(FastokensEngine, "from_json", classmethod(counted))
+    first, second = resolve_engine("auto", unigram), resolve_engine("auto", unigram)
+    assert first.reason == second.reason and "Unigram" in second.reason and len(built) == 1
+    with pytest.raises(EngineError, match="unsupported model type: Unigram"):
+        resolve_engine("fastokens", unigram)
+    assert len(built) == 1
+    assert resolve_engine("auto", unigram, cache=False).reason == first.reason
+    assert len(built) == 2

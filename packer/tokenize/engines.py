@@ -134,7 +134,7 @@ def resolve_engine(
     extra_texts: the run's own texts (the first batch's renders), compared too, every time;
     tokenizer_sha256: the digest of the tokenizer's files, part of the proof's cache key;
     cache: read and write the proof's cache (`packer.tokenize.proof`)."""
-    from packer.tokenize.proof import prove_equal
+    from packer.tokenize.proof import Proof, proof_path, prove_equal, read_proof, write_proof
 
     if requested not in ENGINES:
         raise EngineError(
@@ -144,8 +144,17 @@ def resolve_engine(
     if requested == "hf":
         return Resolved(reference, requested)
     text = backend.to_str()
+    path = proof_path(text, tokenizer_sha256, FastokensEngine.name)
     try:
-        fast = FastokensEngine.from_json(text)
+        known = read_proof(path) if cache else None
+        if known is not None and not known.equal:
+            raise refused(known.difference)  # fastokens refused it before: not built again
+        try:
+            fast = FastokensEngine.from_json(text)
+        except EngineError as e:
+            if cache and e.reason.startswith("fastokens cannot load"):
+                write_proof(path, Proof(False, 0, e.reason))
+            raise
         proof = prove_equal(
             reference,
             fast,

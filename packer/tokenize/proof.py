@@ -56,6 +56,13 @@ def proof_key(backend_json: str, tokenizer_sha256: str | None, engine: str) -> s
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def proof_path(backend_json: str, tokenizer_sha256: str | None, engine: str) -> Path:
+    """Where the verdict for this tokenizer and engine is kept; `resolve_engine` keeps an
+    engine's refusal to load the tokenizer there too (fastokens takes a second or more to
+    refuse a 65,000-token vocabulary)."""
+    return proof_dir() / f"{proof_key(backend_json, tokenizer_sha256, engine)}.json"
+
+
 def installed(name: str) -> str | None:
     try:
         return version(name)
@@ -75,7 +82,7 @@ def prove_equal(
 ) -> Proof:
     """Whether `engine` gives `reference`'s ids for `backend`'s tokenizer (see the module)."""
     backend_json = backend.to_str() if backend_json is None else backend_json
-    path = proof_dir() / f"{proof_key(backend_json, tokenizer_sha256, engine.name)}.json"
+    path = proof_path(backend_json, tokenizer_sha256, engine.name)
     proof = read_proof(path) if cache else None
     if proof is None:
         started = time.perf_counter()
