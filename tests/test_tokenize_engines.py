@@ -5,6 +5,7 @@ with one line (`auto`) or fails in one line (`fastokens`)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -285,3 +286,33 @@ def test_a_refusal_to_load_is_cached(monkeypatch):
     assert len(built) == 1
     assert resolve_engine("auto", unigram, cache=False).reason == first.reason
     assert len(built) == 2
+
+
+@pytest.mark.slow
+def test_same_ids_on_llama3_and_the_bench_runs(tmp_path):
+    """Meta's Llama 3 tokenizer.model (the llama-models 0.3.0 wheel), converted as
+    scripts/bench_engines.py does, BOS post-processor included; then the bench itself, small."""
+    import subprocess
+
+    from engines_util import ROOT
+
+    if not (ROOT / ".whl" / "llama_models-0.3.0-py3-none-any.whl").is_file():
+        pytest.skip("llama_models-0.3.0 wheel not downloaded")
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_engines import LLAMA_SPECIALS, llama3_backend
+
+    backend = llama3_backend()
+    specials = [LLAMA_SPECIALS[0], "<|start_header_id|>", "<|eot_id|>"]
+    texts = generated_texts(300, seed=6, specials=specials)
+    assert_same_ids(backend, texts)
+    assert backend.encode("hi").ids[0] == backend.token_to_id(LLAMA_SPECIALS[0])  # BOS added
+    assert resolve_engine("fastokens", backend, extra_texts=texts).name == "fastokens"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_engines.py"), "--lines", "60"]
+        + ["--runs", "1", "--vocabularies", "bench", "anthropic"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| bench (" in done.stdout and "| anthropic (65,000) |" in done.stdout
