@@ -161,9 +161,10 @@ def test_ids_that_do_not_hold_the_special_tokens_make_every_prefix_whole(tmp_pat
     w, x = backend.token_to_id("<w>"), backend.token_to_id("<x>")
     token = {"<w>": w, "<x>": x}
     engine = HFEngine(backend)
-    for text in ["the<w>water <w> the", "the<w>water \uff1cx\uff1e <x> the"]:
+    texts = ["the<w>water <w> the", "the<w>water \uff1cx\uff1e <x> the", "\uff1cx\uff1e <x> the"]
+    for text in texts:
         ids = engine.encode_batch([text], add_special_tokens=False)[0]
-        assert ids.count(w) == text.count("<w>") - 1  # the one inside a word is not the token
+        assert ids.count(w) == max(0, text.count("<w>") - 1)  # not inside a word
         assert ids.count(x) == text.count("<x>") + text.count("\uff1cx\uff1e")
         assert special_anchors(text, ids, special_pattern(token), token) == ([0], [0])
         chars = list(range(len(text) + 1))

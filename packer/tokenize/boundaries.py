@@ -82,9 +82,16 @@ def special_anchors(text: str, text_ids: list[int], pattern, token: dict):
     matches = [(m.start(), m.group()) for m in pattern.finditer(text)]
     if not matches or any(s not in token for _, s in matches):
         return [0], [0]
-    wanted = set(token.values())
-    at = [i for i, t in enumerate(text_ids) if t in wanted]
-    if [text_ids[i] for i in at] != [token[s] for _, s in matches]:
+    # as many special ids as the text has special tokens, and the text's in order among them:
+    # then they are the text's (counted and found by C loops: a chat's ids are hundreds)
+    if sum(map(set(token.values()).__contains__, text_ids)) != len(matches):
+        return [0], [0]
+    at, i = [], -1
+    try:
+        for _, s in matches:
+            i = text_ids.index(token[s], i + 1)
+            at.append(i)
+    except ValueError:
         return [0], [0]
     if matches[0][0] == 0:
         return [m for m, _ in matches], at
