@@ -19,6 +19,7 @@ from engines_util import (  # noqa: E402
     ANTHROPIC_SPECIALS,
     PIECES,
     anthropic_backend,
+    backend_from,
     generated_texts,
     tiny_backend,
 )
@@ -90,6 +91,37 @@ def test_same_ids_on_the_anthropic_vocabulary():
     texts = generated_texts(2000, seed=2, specials=specials)
     assert_same_ids(backend, texts)
     assert resolve_engine("fastokens", backend, extra_texts=texts).name == "fastokens"
+
+
+def test_padding_and_truncation_of_tokenizer_json_are_off(tiny):
+    """A tokenizer.json may turn padding (to the batch's longest) and truncation on: every
+    engine gives all of a text's tokens, and none that are not its own."""
+    data = json.loads(tiny.to_str())
+    data["padding"] = {
+        "strategy": "BatchLongest",
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": SPECIALS[0],
+    }
+    data["truncation"] = {
+        "direction": "Right",
+        "max_length": 4,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
+    padded = backend_from(data)
+    texts = ["hello", "hello world the of and water " * 3]
+    assert [len(e.ids) for e in padded.encode_batch(texts)] == [4, 4]  # as the file says
+    want = [tiny.encode(t, add_special_tokens=False).ids for t in texts]
+    assert len(want[1]) > 4
+    for engine in (HFEngine(padded), FastokensEngine.from_backend(padded)):
+        assert engine.encode_batch(texts, add_special_tokens=False) == want
+        values, offsets = engine.encode_flat(texts, add_special_tokens=False)
+        assert [values[a:b].tolist() for a, b in zip(offsets, offsets[1:])] == want
+    assert padded.padding is not None  # the caller's backend is left as it was
+    assert resolve_engine("auto", padded).name == "fastokens"
 
 
 def test_a_tokenizer_fastokens_cannot_load_falls_back_in_one_line():

@@ -40,11 +40,17 @@ def refused(reason: str) -> EngineError:
 
 
 class HFEngine:
-    """The reference: the `tokenizers.Tokenizer` backend, called as packer calls it."""
+    """The reference: the `tokenizers.Tokenizer` backend, called as packer calls it, with its
+    padding and truncation off (a `tokenizer.json` may turn them on: then every text of a
+    batch would be padded to the longest, or cut): a text's ids are all of its tokens."""
 
     name = "hf"
 
     def __init__(self, backend):
+        if backend.padding is not None or backend.truncation is not None:
+            backend = backend.__class__.from_str(backend.to_str())  # the caller's stays as is
+            backend.no_padding()
+            backend.no_truncation()
         self.backend = backend
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool) -> list[list[int]]:
@@ -57,13 +63,15 @@ class HFEngine:
 
 
 class FastokensEngine:
-    """fastokens' `Tokenizer`, built from the HF backend's JSON."""
+    """fastokens' `Tokenizer`, built from the HF backend's JSON, padding and truncation off
+    as the reference's."""
 
     name = "fastokens"
 
     def __init__(self, native):
+        native.no_padding()
+        native.no_truncation()
         self.native = native
-        self.padded = native.padding is not None  # flat buffers are never padded, lists are
 
     @classmethod
     def from_backend(cls, backend) -> FastokensEngine:
@@ -90,8 +98,6 @@ class FastokensEngine:
 
     def encode_flat(self, texts: list[str], *, add_special_tokens: bool):
         """(values int32, offsets int64), from one flat buffer: no Python list per text."""
-        if self.padded:
-            return flatten(self.encode_batch(texts, add_special_tokens=add_special_tokens))
         ids, offsets = self.native.encode_batch_flat(texts, add_special_tokens=add_special_tokens)
         values = np.frombuffer(ids, np.uint32).astype(np.int32)
         return values, np.frombuffer(offsets, np.uint64).astype(np.int64)
