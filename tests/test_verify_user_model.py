@@ -89,7 +89,7 @@ def test_a_model_blind_to_context_fails_its_control(cli, packed, tmp_path):
     assert len(got) == 2
     for m in got:
         assert m.endswith(
-            ": with a 2D attention_mask (the samples of the row as one sequence) the model's "
+            ": run as one sequence (positions 0..T-1, no sample boundaries) the model's "
             "logits change by only 0 (needs > 0.0002): the check could not see a leak here"
         )
         assert m.startswith("shard-")
