@@ -107,16 +107,8 @@ def run_user_model(
 
     t0 = time.perf_counter()
     model, how = load_model(model_dir, seed, dtype)
-    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
     multi = [r for r in rows if len(r.data["sample_index"]) > 1]
-    for item in multi:
-        top = int(np.max(item.data["input_ids"]))
-        if vocab and top >= vocab:
-            raise UsageError(
-                f"{item.shard} row {item.row} holds token id {top}, outside the model's "
-                f"vocabulary ({vocab}): the data was not tokenized for this model",
-                where=str(model_dir),
-            )
+    _check_vocabulary(multi, int(getattr(model.config, "vocab_size", 0) or 0), model_dir)
     model.train()  # the training call: train mode, the config's use_cache default
     samples = 0
     logits_max = loss_max = 0.0
@@ -181,6 +173,18 @@ def run_user_model(
             "seconds": round(time.perf_counter() - t0, 3),
         }
     )
+
+
+def _check_vocabulary(rows: list[RowInput], vocab: int, model_dir) -> None:
+    """UsageError for a row holding a token id the model has no embedding for."""
+    for item in rows:
+        top = int(np.max(item.data["input_ids"]))
+        if vocab and top >= vocab:
+            raise UsageError(
+                f"{item.shard} row {item.row} holds token id {top}, outside the model's "
+                f"vocabulary ({vocab}): the data was not tokenized for this model",
+                where=str(model_dir),
+            )
 
 
 def _control_leak(model, batch, model_inputs, torch) -> float:
