@@ -1,7 +1,9 @@
 """A tiny randomly initialised Llama-style causal LM, built from a config (no download).
 
 Used by `packer verify --model-check` and the training example to show that packed rows give
-the same per-sample loss as the samples run alone. Needs torch and transformers.
+the same per-sample loss as the samples run alone. `tiny_config(arch)` gives tiny configs of
+the hybrid (Mamba2, Gated DeltaNet, short convolution) and sliding-window architectures, for
+`verify --model` and its tests. Needs torch and transformers.
 """
 
 from __future__ import annotations
