@@ -155,3 +155,20 @@ def test_gpt_oss_eager_leaks_and_a_block_mask_isolates_it(cli, long_samples, tmp
         )
 
     assert check_isolation(model, batch, forward=masked).samples == 3
+
+
+def test_the_table_line_of_a_refused_hybrid(cli, long_samples, tmp_path):
+    from packer.cli.render_verify import _summary
+
+    if not NO_KERNELS:
+        pytest.skip("a kernel package imports here")
+    path = config_dir(tmp_path, "bamba", "sdpa", window=None)
+    res = cli("verify", long_samples, "--model", path, "--rows", "1")
+    assert res.exit_code == 1
+    text = res.stdout + res.stderr
+    assert "Mamba2/SSM mixers in layers 0" in text and "internal error" not in text
+    code, report = run_verify(cli, long_samples, "--model", path, "--rows", "1")
+    assert _summary("user_model", report["checks"]["user_model"]) == (
+        "BambaForCausalLM (config only, random weights (seed 0); sdpa, float32): not run, its "
+        "layers cannot keep packed samples apart here"
+    )

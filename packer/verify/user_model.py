@@ -30,7 +30,7 @@ from packer.errors import UsageError, option
 from packer.verify.picked_rows import RowInput, sample_failure, sample_label
 from packer.verify.result import CheckResult, Failure
 
-LEAK_FACTOR = 2.0  # the 2D-mask leak must stand clear of the tolerance
+LEAK_FACTOR = 2.0  # the one-sequence control's leak must stand clear of the tolerance
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
