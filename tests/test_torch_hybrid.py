@@ -27,9 +27,9 @@ from packer.torch.tiny_model import TINY_ARCHITECTURES, tiny_config  # noqa: E40
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 HYBRIDS = {  # what each needs, as transformers 5.24's modeling files import it
-    "nemotron_h": ("Mamba2/SSM mixers", [0], ["mamba-ssm", "causal-conv1d"]),
-    "bamba": ("Mamba2/SSM mixers", [0], ["mamba-ssm", "causal-conv1d"]),
-    "falcon_h1": ("Mamba2/SSM mixers", [0, 1], ["mamba-ssm", "causal-conv1d"]),
+    "nemotron_h": ("Mamba/SSM mixers", [0], ["mamba-ssm", "causal-conv1d"]),
+    "bamba": ("Mamba/SSM mixers", [0], ["mamba-ssm", "causal-conv1d"]),
+    "falcon_h1": ("Mamba/SSM mixers", [0, 1], ["mamba-ssm", "causal-conv1d"]),
     "lfm2": ("short convolutions", [0], ["causal-conv1d"]),
     "qwen3_next": ("Gated DeltaNet mixers", [0], ["causal-conv1d", "flash-linear-attention"]),
     "qwen3_5": ("Gated DeltaNet mixers", [0], ["causal-conv1d", "flash-linear-attention"]),

@@ -166,7 +166,7 @@ def test_the_table_line_of_a_refused_hybrid(cli, long_samples, tmp_path):
     res = cli("verify", long_samples, "--model", path, "--rows", "1")
     assert res.exit_code == 1
     text = res.stdout + res.stderr
-    assert "Mamba2/SSM mixers in layers 0" in text and "internal error" not in text
+    assert "Mamba/SSM mixers in layers 0" in text and "internal error" not in text
     code, report = run_verify(cli, long_samples, "--model", path, "--rows", "1")
     assert _summary("user_model", report["checks"]["user_model"]) == (
         "BambaForCausalLM (config only, random weights (seed 0); sdpa, float32): not run, its "

@@ -3,9 +3,10 @@
 Attention layers isolate packed samples from `cu_seq_lens` or restarting `position_ids`. The
 token-mixing layers of hybrid models do not read either on their torch paths:
 
-- Mamba / Mamba2 mixers (Nemotron-H, Bamba, Falcon-H1, Jamba, Zamba, Granite-4 hybrid): the
-  scan and its causal convolution keep samples apart only in mamba_ssm's and causal_conv1d's
-  CUDA kernels, given `seq_idx`;
+- Mamba2 mixers (Nemotron-H, Bamba, Falcon-H1, Zamba2, Granite-4 hybrid): the scan and its
+  causal convolution keep samples apart only in mamba_ssm's and causal_conv1d's CUDA kernels,
+  given `seq_idx`; Mamba (v1) mixers (Mamba, Falcon-Mamba, Jamba) are found the same way, and
+  whether their call hands the kernels the boundaries only a run with the kernels shows;
 - Gated DeltaNet and other delta-rule linear attention (Qwen3-Next, Qwen3.5, Kimi Linear): the
   recurrence needs flash-linear-attention's kernels with `cu_seqlens` (transformers passes them
   `cu_seq_lens_q`), and the convolution before it causal_conv1d with `seq_idx`;
@@ -34,7 +35,7 @@ DISTRIBUTIONS = {
     "fla": "flash-linear-attention",
 }
 KINDS = {
-    "mamba": ("Mamba2/SSM mixers", ("mamba_ssm", "causal_conv1d"), "seq_idx"),
+    "mamba": ("Mamba/SSM mixers", ("mamba_ssm", "causal_conv1d"), "seq_idx"),
     "delta": ("Gated DeltaNet mixers", ("fla", "causal_conv1d"), "cu_seq_lens_q"),
     "conv": ("short convolutions", ("causal_conv1d",), "seq_idx"),
 }
