@@ -59,7 +59,7 @@ LINES = {
     "samples) (must exceed 0.0001)",
     "model": "160 samples: loss diff 8.29e-08, logits diff 3.58e-07; causal-mask control 0.569",
     "user_model": "LlamaForCausalLM (weights from the checkpoint; eager, float32), 18 samples: "
-    "logits diff 1.79e-07, loss diff 1.06e-06 (tolerance 0.0001); 2D-mask control 0.329",
+    "logits diff 1.79e-07, loss diff 1.06e-06 (tolerance 0.0001); one-sequence control 0.329",
 }
 
 

@@ -89,7 +89,7 @@ def test_a_model_blind_to_context_fails_its_control(cli, packed, tmp_path):
     assert len(got) == 2
     for m in got:
         assert m.endswith(
-            ": with a 2D attention_mask (the samples of the row as one sequence) the model's "
+            ": run as one sequence (positions 0..T-1, no sample boundaries) the model's "
             "logits change by only 0 (needs > 0.0002): the check could not see a leak here"
         )
         assert m.startswith("shard-")
@@ -213,3 +213,38 @@ def test_vocabulary_boundary_and_missing_transformers(cli, packed, tmp_path, mon
     res = cli("verify", out, "--model", tmp_path / "fits", "--rows", "1")
     assert res.exit_code == 2
     assert res.stderr.strip() == "error: --model needs transformers: pip install transformers"
+
+
+def test_control_leaks_under_a_flash_attention_path(cli, packed, tmp_path):
+    """A flash-style attention (transformers' flash branches, on CPU): an all-ones 2D mask is
+    dropped and cu_seq_lens keep the samples apart, so only the row run as one sequence can
+    leak. The check passes through the varlen branch, and the control leaks through the causal
+    one."""
+    import fake_flash
+
+    name = fake_flash.register()
+    tiny_config(attn=name).save_pretrained(tmp_path / "flash")
+    config = json.loads((tmp_path / "flash" / "config.json").read_text())
+    config["attn_implementation"] = name
+    (tmp_path / "flash" / "config.json").write_text(json.dumps(config))
+    fake_flash.calls.clear()
+    code, report = run_verify(cli, packed[0], "--model", tmp_path / "flash", "--rows", "2")
+    assert code == 0, messages(report)
+    user = report["checks"]["user_model"]
+    assert user["attn_implementation"] == name and user["rows"] == 2
+    assert user["max_logits_diff"] <= 1e-5
+    assert user["control_min_logits_leak"] > 10 * user["tolerance"]
+    assert {"varlen", "causal"} <= set(fake_flash.calls)  # packed: cu_seq_lens; control: none
+    # the fake is a real flash stand-in: an all-ones 2D mask with cu_seq_lens stays isolated
+    model = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.from_pretrained(tmp_path / "flash")
+    )
+    from test_torch_isolation import make_rows
+
+    from packer.torch import collate_packed, model_inputs
+
+    batch = collate_packed(make_rows(), "flatten")
+    with torch.no_grad():
+        plain = model(**model_inputs(batch)).logits
+        ones = model(**model_inputs(batch), attention_mask=torch.ones_like(batch["input_ids"]))
+    assert torch.equal(plain, ones.logits)

@@ -78,11 +78,13 @@ def _summary(name: str, d: dict) -> str:
             f"{_fmt(d.get('control_min_logits_leak'))}"
         )
     if name == "user_model":
+        head = f"{d.get('model')} ({d.get('weights')}; {d.get('attn_implementation')}, {d.get('dtype')})"
+        if d.get("unsupported"):
+            return f"{head}: not run, its layers cannot keep packed samples apart here"
         return (
-            f"{d.get('model')} ({d.get('weights')}; {d.get('attn_implementation')}, "
-            f"{d.get('dtype')}), {_n(d, 'samples', 'sample')}: logits diff "
+            f"{head}, {_n(d, 'samples', 'sample')}: logits diff "
             f"{_fmt(d.get('max_logits_diff'))}, loss diff {_fmt(d.get('max_loss_diff'))} "
-            f"(tolerance {_fmt(d.get('tolerance'))}); 2D-mask control "
+            f"(tolerance {_fmt(d.get('tolerance'))}); one-sequence control "
             f"{_fmt(d.get('control_min_logits_leak'))}"
         )
     return ""

@@ -16,7 +16,21 @@ Two layouts:
   from `position_ids`; its flash path does NOT isolate `[B > 1, L]` batches without a mask, so
   use `flatten` with flash attention.
 
-Both add `num_loss_tokens`: the labels that count in this batch (sum of the rows' column).
+Both add `num_loss_tokens` (the labels that count in this batch, the sum of the rows' column)
+and `seq_idx` (int32, the shape of `input_ids`): the sample each token belongs to, numbered
+from 0 through the batch in `flatten` (as transformers' `DataCollatorWithFlattening(
+return_seq_idx=True)` numbers it) and through each row in `pad` (the padding segment has its
+own number). Mamba2 and short-convolution layers keep packed samples apart only through it (the
+CUDA kernels of mamba_ssm and causal_conv1d read it); Gated DeltaNet layers read
+`cu_seq_lens_q` (flash-linear-attention). Attention layers ignore it.
+
+`loss_weighting="token"` or `"sample"` adds `loss_weights` (float32, the shape of `labels`: the
+weight of the target at each label position, 0 where the label is -100) and
+`num_items_in_batch`: "token" weighs every loss token 1 and divides by the loss tokens (one mean
+over the batch's tokens, what a plain mean over the unpacked samples' concatenated tokens
+gives); "sample" weighs sample i's loss tokens 1 / n_i and divides by the samples that have a
+loss token (the mean over samples of each sample's mean loss). `sum_token_loss(logits, labels,
+batch["loss_weights"]) / batch["num_items_in_batch"]` is that loss.
 
 Rows of a CP output (`pack --cp-size N`, which carry `cu_seqlens_padded`) collate with
 `flatten` only: every sample keeps its CP padding, so the batch is the THD layout that
@@ -51,7 +65,9 @@ MODEL_KEYS = (
     "cu_seq_lens_k",
     "max_length_q",
     "max_length_k",
+    "seq_idx",
 )
+LOSS_WEIGHTINGS = ("token", "sample")
 
 
 def _real_segments(row: dict) -> int:
@@ -64,7 +80,8 @@ def _real_segments(row: dict) -> int:
 def _flatten(rows: Sequence[dict]) -> dict:
     cp = "cu_seqlens_padded" in rows[0]
     ids, labels, pos, cu, real = [], [], [], [np.zeros(1, np.int64)], [np.zeros(1, np.int64)]
-    total = total_real = 0
+    seq_idx = []
+    total = total_real = samples = 0
     for row in rows:
         segs = _real_segments(row)
         row_cu = np.asarray(row["cu_seqlens"], np.int64)
@@ -76,6 +93,10 @@ def _flatten(rows: Sequence[dict]) -> dict:
         pos.append(row["position_ids"][:n])
         cu.append(row_bounds[1 : segs + 1] + total)
         real.append(row_cu[1 : segs + 1] + total_real)
+        seq_idx.append(
+            np.repeat(np.arange(samples, samples + segs), np.diff(row_bounds[: segs + 1]))
+        )
+        samples += segs
         total += n
         total_real += int(row_cu[segs])
     cu_seqlens = torch.from_numpy(np.concatenate(cu).astype(np.int32))
@@ -88,6 +109,7 @@ def _flatten(rows: Sequence[dict]) -> dict:
         "cu_seq_lens_k": cu_seqlens,
         "max_length_q": max_length,
         "max_length_k": max_length,
+        "seq_idx": torch.from_numpy(np.concatenate(seq_idx).astype(np.int32))[None],
     }
     if cp:
         batch["cu_seqlens"] = torch.from_numpy(np.concatenate(real).astype(np.int32))
@@ -119,13 +141,16 @@ def _pad(rows: Sequence[dict], pad_id: int, pad_to_multiple_of: int | None) -> d
         row_cus.append(cu)
     width = max(len(c) for c in row_cus)
     cu_seqlens = np.full((b, width), length, np.int32)
+    seq_idx = np.zeros((b, length), np.int32)
     for i, cu in enumerate(row_cus):
         cu_seqlens[i, : len(cu)] = cu
+        seq_idx[i] = np.repeat(np.arange(len(cu) - 1), np.diff(cu))
     return {
         "input_ids": torch.from_numpy(ids),
         "labels": torch.from_numpy(labels),
         "position_ids": torch.from_numpy(pos),
         "cu_seqlens": torch.from_numpy(cu_seqlens),
+        "seq_idx": torch.from_numpy(seq_idx),
     }
 
 
@@ -135,17 +160,25 @@ def collate_packed(
     *,
     pad_id: int = 0,
     pad_to_multiple_of: int | None = None,
+    loss_weighting: str | None = None,
 ) -> dict:
     """Collate rows of a `PackedDataset` (or dicts with the same columns, such as the rows
     `streaming.StreamingDataset` reads from a `packer export --to mds`) into one batch.
 
     `mode="flatten"` returns `[1, T]` tensors plus `cu_seq_lens_q/k` and `max_length_q/k`;
     `mode="pad"` returns `[B, L]` tensors plus per-row `cu_seqlens` `[B, S + 1]`. Both return
-    `num_loss_tokens` (int). Token tensors are int64; `cu_seq*` tensors are int32.
-    Use `functools.partial(collate_packed, mode="pad")` as a DataLoader `collate_fn`.
+    `num_loss_tokens` (int) and `seq_idx`. Token tensors are int64; `cu_seq*` and `seq_idx`
+    tensors are int32. `loss_weighting="token"|"sample"` adds `loss_weights` and
+    `num_items_in_batch` (module docstring). Use `functools.partial(collate_packed,
+    mode="pad")` as a DataLoader `collate_fn`.
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (choose from {', '.join(MODES)})")
+    if loss_weighting is not None and loss_weighting not in LOSS_WEIGHTINGS:
+        raise ValueError(
+            f"loss_weighting: unknown {loss_weighting!r} (choose from "
+            f"{', '.join(LOSS_WEIGHTINGS)}, or None)"
+        )
     if not rows:
         raise ValueError("cannot collate an empty batch")
     missing = [k for k in ("input_ids", "labels", "position_ids", "cu_seqlens") if k not in rows[0]]
@@ -169,7 +202,25 @@ def collate_packed(
         raise ValueError(f"pad_to_multiple_of must be at least 1, got {pad_to_multiple_of}")
     batch = _flatten(rows) if mode == "flatten" else _pad(rows, pad_id, pad_to_multiple_of)
     batch["num_loss_tokens"] = sum(_loss_tokens(r) for r in rows)
+    if loss_weighting is not None:
+        batch["loss_weights"], batch["num_items_in_batch"] = _loss_weights(
+            batch["labels"], batch["seq_idx"], loss_weighting
+        )
     return batch
+
+
+def _loss_weights(labels: torch.Tensor, seq_idx: torch.Tensor, kind: str):
+    """(weights, divisor): 1 per loss token and the loss tokens ("token"), or 1 / n_i per loss
+    token of sample i and the samples with a loss token ("sample")."""
+    counts = labels != IGNORE_INDEX
+    if kind == "token":
+        return counts.float(), int(counts.sum())
+    # a sample is a segment of one row: number them through the batch
+    per_row = seq_idx.amax(dim=1).long() + 1
+    segment = (seq_idx.long() + (per_row.cumsum(0) - per_row)[:, None]).reshape(-1)
+    n = torch.bincount(segment, weights=counts.reshape(-1).double())
+    weights = torch.where(counts.reshape(-1), 1.0 / n.clamp(min=1)[segment], 0.0)
+    return weights.reshape(labels.shape).float(), int((n > 0).sum())
 
 
 def _loss_tokens(row: dict) -> int:

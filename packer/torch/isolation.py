@@ -13,6 +13,11 @@ sample collated by itself in the same layout, through the same call), and compar
 and the per-sample loss. The model keeps its mode (train or eval) and its gradient
 checkpointing; only dropout is held at 0 for the check, since its random masks differ between
 the packed and the alone runs. Runs under `torch.no_grad()`.
+
+A hybrid model whose Mamba, Gated DeltaNet or short-convolution layers lack the kernels that
+keep packed samples apart (`packer.torch.hybrid`) is refused before any forward, in one line
+that names the layers and the packages that would; the model's own ValueError about packed
+sequences becomes the same line.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from packer.torch.collate import IGNORE_INDEX, collate_packed, model_inputs
+from packer.torch.hybrid import isolation_needs, needs_line, refusal_line
 
 # Largest allowed |packed - alone| of the logits, relative to max(1, largest |alone logit|), and
 # of a sample's mean token loss (absolute), by the dtype the model computes in. Packed and
@@ -56,6 +62,8 @@ class IsolationReport:
     failures: list[str] = field(default_factory=list)  # one line per sample that differs
     # where each failure is: batch row, sample number in that row, first and last token
     failed_at: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # the one line for layers that cannot keep packed samples apart here (no forward was run)
+    unsupported: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -71,6 +79,7 @@ class IsolationReport:
             "tolerance": self.tolerance,
             "dtype": self.dtype,
             "failures": list(self.failures),
+            "unsupported": self.unsupported,
         }
 
 
@@ -194,7 +203,9 @@ def check_isolation(
     samples (else a leak could not show). `forward(model, batch)` is the training loop's call
     (default: `model(**model_inputs(batch))`); it gets the packed batch and each one-sample
     batch, moved to the model's device, and returns the output (`.logits`) or the logits.
-    `max_samples` caps the alone runs (the first samples in batch order).
+    `max_samples` caps the alone runs (the first samples in batch order). A model with layers
+    that cannot keep packed samples apart on this install fails with one line (`unsupported`)
+    and no forward.
     """
     forward = forward or default_forward
     param = next(model.parameters(), None)
@@ -212,6 +223,25 @@ def check_isolation(
             "check_isolation needs a batch with a row of two or more samples: a sample at the "
             "start of its row cannot show a leak"
         )
+    needs = isolation_needs(model)
+    report.unsupported = needs_line(needs)
+    if report.unsupported is None:
+        try:
+            _compare(model, batch, forward, segments, mode, pad_id, device, report)
+        except ValueError as exc:
+            report.unsupported = refusal_line(exc, needs)
+            if report.unsupported is None:
+                raise
+    if report.unsupported is not None:
+        report.failures, report.failed_at = [report.unsupported], []
+    if report.failures and raise_on_failure:
+        raise IsolationError(report)
+    return report
+
+
+def _compare(model, batch, forward, segments, mode, pad_id, device, report) -> None:
+    """The packed forward, then each sample alone: the report's measures and failures."""
+    tol = report.tolerance
     labels = batch["labels"]
     with torch.no_grad(), NoDropout(model):
         packed = _logits(forward(model, _to(batch, device)))
@@ -246,6 +276,3 @@ def check_isolation(
                     f"{report.dtype}: the samples of a row see each other in this forward call "
                     "(a cache, a 2D attention_mask, or a mask the attention reads wrong)"
                 )
-    if report.failures and raise_on_failure:
-        raise IsolationError(report)
-    return report

@@ -12,6 +12,12 @@ step's micro-batches and all-reduced over ranks). On each rank, backpropagate
 divides the world_size back out. With a transformers model, `model(**inputs,
 num_items_in_batch=N).loss` is `S_kr / N`.
 
+Per-sample averaging (each sample's mean loss counts once, however long the sample): collate
+with `collate_packed(rows, loss_weighting="sample")` and backpropagate
+`sum_token_loss(logits, labels, batch["loss_weights"]) / N`, N the step's `num_items_in_batch`
+(`step_loss_tokens(batches, key="num_items_in_batch")`: the samples with a loss token). With
+`loss_weighting="token"` the same two calls give the per-token mean above.
+
 `num_loss_tokens` counts labels != -100. The first label of every row is -100 (the first label
 of every sample is), so it equals the number of targets after the model's shift.
 """
@@ -27,9 +33,14 @@ from packer.contract.names import IGNORE_INDEX
 
 
 def sum_token_loss(
-    logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    loss_weights: torch.Tensor | None = None,
+    ignore_index: int = IGNORE_INDEX,
 ) -> torch.Tensor:
-    """Cross-entropy summed over every target of a batch, with the causal shift.
+    """Cross-entropy summed over every target of a batch, with the causal shift; each target
+    weighted by `loss_weights` (the batch's, from `collate_packed(..., loss_weighting=...)`,
+    aligned with `labels`) when given.
 
     `logits` `[B, T, V]` at position t predict `labels[:, t + 1]` (labels unshifted, as stored).
     In a flattened batch the shift also crosses row boundaries; that is safe because the first
@@ -38,7 +49,11 @@ def sum_token_loss(
     vocab = logits.shape[-1]
     shifted = logits[..., :-1, :].float().reshape(-1, vocab)
     targets = labels[..., 1:].reshape(-1).to(shifted.device)
-    return F.cross_entropy(shifted, targets, ignore_index=ignore_index, reduction="sum")
+    if loss_weights is None:
+        return F.cross_entropy(shifted, targets, ignore_index=ignore_index, reduction="sum")
+    ce = F.cross_entropy(shifted, targets, ignore_index=ignore_index, reduction="none")
+    weights = loss_weights[..., 1:].reshape(-1).to(device=ce.device, dtype=ce.dtype)
+    return (ce * weights).sum()
 
 
 def step_loss_tokens(
@@ -46,13 +61,15 @@ def step_loss_tokens(
     *,
     all_reduce: bool | None = None,
     device: torch.device | str | None = None,
+    key: str = "num_loss_tokens",
 ) -> int:
-    """Loss tokens of one optimizer step: `num_loss_tokens` of its micro-batches, all ranks.
+    """Loss tokens of one optimizer step: `num_loss_tokens` of its micro-batches, all ranks
+    (`key="num_items_in_batch"`: the divisor of a `loss_weighting` batch instead).
 
     `all_reduce=None` sums over ranks when `torch.distributed` is initialised; `device` is where
     the all-reduce tensor lives (the rank's GPU with NCCL).
     """
-    total = sum(int(b["num_loss_tokens"]) for b in batches)
+    total = sum(int(b[key]) for b in batches)
     dist = torch.distributed
     if all_reduce is None:
         all_reduce = dist.is_available() and dist.is_initialized()

@@ -6,9 +6,16 @@ downloaded. An `"attn_implementation"` key in config.json picks the attention (d
 transformers' choice, sdpa where it can). Each picked row holding two or more samples goes through `check_isolation` as a
 one-row flatten batch, in train mode, through the training loop's call (docs/training.md)
 `model(**model_inputs(batch))`: the config's own attention implementation and `use_cache`
-default are what is tested. A negative control runs the same row with a 2D `attention_mask`
-(which makes transformers treat the row as one sequence): the logits of the later samples must
-then change by more than twice the tolerance, or the check could not see a leak with this model.
+default are what is tested. A negative control runs the same row as one sequence (positions
+0..T-1, no `cu_seq_lens`, no `seq_idx`, no mask): every attention implementation (sdpa, eager,
+flash, flex) and every sliding window then reaches across the row's sample boundaries, so the
+logits of the later samples must change by more than twice the tolerance, or the check could
+not see a leak with this model. (An all-ones 2D `attention_mask` is no such control: the flash
+paths turn it into None and keep the samples apart through `cu_seq_lens`.)
+
+A hybrid model whose Mamba, Gated DeltaNet or short-convolution layers lack their kernels here
+fails in one line naming them and what would isolate them (`packer.torch.hybrid`), with no
+forward run.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from packer.errors import UsageError, option
 from packer.verify.picked_rows import RowInput, sample_failure, sample_label
 from packer.verify.result import CheckResult, Failure
 
-LEAK_FACTOR = 2.0  # the 2D-mask leak must stand clear of the tolerance
+LEAK_FACTOR = 2.0  # the one-sequence control's leak must stand clear of the tolerance
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json")
 
 
@@ -96,29 +103,31 @@ def run_user_model(
     import torch
 
     from packer.torch import check_isolation, collate_packed, model_inputs
+    from packer.torch.hybrid import isolation_needs, needs_line
 
     t0 = time.perf_counter()
     model, how = load_model(model_dir, seed, dtype)
-    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
     multi = [r for r in rows if len(r.data["sample_index"]) > 1]
-    for item in multi:
-        top = int(np.max(item.data["input_ids"]))
-        if vocab and top >= vocab:
-            raise UsageError(
-                f"{item.shard} row {item.row} holds token id {top}, outside the model's "
-                f"vocabulary ({vocab}): the data was not tokenized for this model",
-                where=str(model_dir),
-            )
+    _check_vocabulary(multi, int(getattr(model.config, "vocab_size", 0) or 0), model_dir)
     model.train()  # the training call: train mode, the config's use_cache default
     samples = 0
     logits_max = loss_max = 0.0
     leaks: list[float] = []
     tol = None
+    # layers without the kernels that keep packed samples apart: one line, no forward
+    unsupported = needs_line(isolation_needs(model)) if multi else None
+    if unsupported:
+        result.fail(Failure(unsupported))
+    multi_run = [] if unsupported else multi
     if on_row:
-        on_row(0, len(multi))
-    for done, item in enumerate(multi, 1):
+        on_row(0, len(multi_run))
+    for done, item in enumerate(multi_run, 1):
         batch = collate_packed([item.data], "flatten")
         report = check_isolation(model, batch, raise_on_failure=False, max_samples=None)
+        if report.unsupported:  # the model's own refusal of packed sequences
+            unsupported = report.unsupported
+            result.fail(Failure(unsupported))
+            break
         tol = report.tolerance
         samples += report.samples
         logits_max = max(logits_max, report.max_logits_diff)
@@ -131,15 +140,15 @@ def run_user_model(
         if leaks[-1] <= LEAK_FACTOR * tol:
             result.fail(
                 Failure(
-                    f"{item.shard} row {item.row}: with a 2D attention_mask (the samples of the "
-                    f"row as one sequence) the model's logits change by only {leaks[-1]:.3g} "
+                    f"{item.shard} row {item.row}: run as one sequence (positions 0..T-1, no "
+                    f"sample boundaries) the model's logits change by only {leaks[-1]:.3g} "
                     f"(needs > {LEAK_FACTOR * tol:g}): the check could not see a leak here",
                     shard=item.shard,
                     row=item.row,
                 )
             )
         if on_row:
-            on_row(done, len(multi))
+            on_row(done, len(multi_run))
     if not multi:
         result.ran = False
         result.skipped_reason = "no picked row holds two samples"
@@ -151,10 +160,12 @@ def run_user_model(
             "attn_implementation": getattr(model.config, "_attn_implementation", None),
             "use_cache_default": getattr(model.config, "use_cache", None),
             "call": "model.train(); model(**model_inputs(batch)) (flatten)",
+            "control": "the row as one sequence: positions 0..T-1, no cu_seq_lens, seq_idx or mask",
             "device": str(next(model.parameters()).device),
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "rows": len(multi),
+            "rows": len(leaks),
             "samples": samples,
+            "unsupported": unsupported,
             "max_logits_diff": logits_max,
             "max_loss_diff": loss_max,
             "tolerance": tol,
@@ -164,18 +175,30 @@ def run_user_model(
     )
 
 
+def _check_vocabulary(rows: list[RowInput], vocab: int, model_dir) -> None:
+    """UsageError for a row holding a token id the model has no embedding for."""
+    for item in rows:
+        top = int(np.max(item.data["input_ids"]))
+        if vocab and top >= vocab:
+            raise UsageError(
+                f"{item.shard} row {item.row} holds token id {top}, outside the model's "
+                f"vocabulary ({vocab}): the data was not tokenized for this model",
+                where=str(model_dir),
+            )
+
+
 def _control_leak(model, batch, model_inputs, torch) -> float:
-    """How much the logits after the row's first sample move when the row is one sequence."""
+    """How much the logits after the row's first sample move when the row is one sequence:
+    positions 0..T-1 and none of the boundaries (cu_seq_lens, seq_idx, a mask), so no attention
+    implementation, sliding window or recurrent layer can keep the samples apart."""
     from packer.torch.isolation import NoDropout
 
     first_end = int(batch["cu_seq_lens_q"][1])
+    ids = batch["input_ids"].to(model.device)
+    whole = {"input_ids": ids, "position_ids": torch.arange(ids.shape[1], device=ids.device)[None]}
     inputs = {k: v.to(model.device) if hasattr(v, "to") else v for k, v in batch.items()}
     with torch.no_grad(), NoDropout(model):
         isolated = model(**model_inputs(inputs)).logits[0, first_end:].float()
-        merged = (
-            model(**model_inputs(inputs), attention_mask=torch.ones_like(inputs["input_ids"]))
-            .logits[0, first_end:]
-            .float()
-        )
+        merged = model(**model_inputs(whole)).logits[0, first_end:].float()
     scale = max(1.0, float(isolated.abs().max()))
     return float((merged - isolated).abs().max()) / scale
