@@ -75,22 +75,27 @@ def _read_jsonl(path: Path, columns: list[str]) -> RawTable:
 
 
 _BLANK = re.compile(rb"\n[ \t\r]*(?=\n)")  # a blank line, after the newline before it
+_TEXT = re.compile(rb"[^ \t\r\n]")
 
 
 def count_lines(path: Path, compression: str | None) -> int:
-    """The non-blank lines of a JSONL file (one sample each), streamed: about 0.1 s a GB of
-    text beside the parser's 5 s. Counted as `_line_spans` counts them."""
-    lines, rest = 0, b"\n"
+    """The non-blank lines of a JSONL file (one sample each), as `_line_spans` counts them,
+    streamed a chunk at a time (scripts/bench_jsonl_lines.py: about a tenth of the parse)."""
+    lines, text = 0, False  # text: the line under way holds more than blanks so far
     try:
         with pa.input_stream(str(path), compression=compression) as stream:
             while chunk := stream.read(_COUNT_CHUNK):
-                data = rest + chunk  # starts with a newline: the one before its first line
-                cut = data.rfind(b"\n")
-                body, rest = data[: cut + 1], data[cut:]
-                lines += body.count(b"\n") - 1 - len(_BLANK.findall(body))
+                first = chunk.find(b"\n")
+                if first < 0:
+                    text = text or _TEXT.search(chunk) is not None
+                    continue
+                lines += text or _TEXT.search(chunk, 0, first) is not None  # the line it ends
+                # the lines between its first newline and its last
+                lines += chunk.count(b"\n") - 1 - len(_BLANK.findall(chunk))
+                text = _TEXT.search(chunk, chunk.rfind(b"\n")) is not None
     except (OSError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read: {exc}", where=str(path)) from None
-    return lines + bool(rest[1:].strip(_JSON_SPACE))
+    return lines + text
 
 
 def _read_bytes(path: Path) -> bytes:
