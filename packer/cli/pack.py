@@ -34,6 +34,7 @@ from packer.cli.raw import (
     TEMPLATE_HELP,
     TRAIN_ON,
     TRAIN_ON_HELP,
+    PackTokenizing,
     raw_source,
     tokenize_for_pack,
 )
@@ -282,10 +283,10 @@ def pack(
     debug: bool = DEBUG,
 ) -> None:
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
-    from packer.interrupts import preparing, sigterm_as_interrupt
+    from packer.interrupts import preparing
 
     with preparing(json_out=json_out):  # a signal in rich's imports ends the command at once
-        from packer.cli.render import print_warnings, progress_bars
+        from packer.cli import render  # noqa: F401 (the steps below use it)
     with user_errors(debug):
         set_storage_options(storage_option)
         if not inputs and not mix and config is None:
@@ -326,37 +327,61 @@ def pack(
             inputs, mix, mix_tokens, validation_split, validation_output, cfg_mix(config), refused
         )
         held_export = validation_export_target(export_to, mixing, output, overwrite)
-        raw = tokenize_for_pack(inputs, output, cfg, repack, locals())  # None: no --tokenizer
-        from packer.pipelines.pack import pack as run_pack  # numba: after the tokenizer's fork
-
-        # with --repack, --memory-budget is the export's: a repack reads in memory
-        memory_budget_pack = None if export_to is not None and repack else memory_budget
-        with progress_bars(not json_out) as progress, sigterm_as_interrupt(), raw_source(raw):
-            result = run_pack(
-                raw.inputs if raw is not None else inputs,
-                output,
-                cfg,
-                overwrite=overwrite,
-                progress=progress,
-                workers=workers,
-                memory_budget=memory_budget_pack,
-                repack=repack,
-                resume=resume,
-                **(raw.mixing if raw is not None else mixing),
-            )
+        tokenizing = PackTokenizing(
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            train_on=train_on,
+            workers=workers,
+            memory_budget=memory_budget,
+            resume=resume,
+            json_out=json_out,
+        )
+        # None without --tokenizer
+        raw = tokenize_for_pack(inputs, output, cfg, repack, mixing, tokenizing)
+        result = _run_pack(
+            raw.inputs if raw is not None else inputs,
+            output,
+            cfg,
+            raw,
+            raw.mixing if raw is not None else mixing,
+            overwrite=overwrite,
+            workers=workers,
+            # with --repack, --memory-budget is the export's: a repack reads in memory
+            memory_budget=None if export_to is not None and repack else memory_budget,
+            repack=repack,
+            resume=resume,
+            show=not json_out,
+        )
         report = result.report()
         if export_to is not None:  # the validation output's too, beside it
-            for key, packed, dest in [("export", output, export_dest)] + (held_export or []):
-                exported = _export(packed, export_to, dest, overwrite, memory_budget)
-                report[key] = exported.to_dict()
-                print_warnings(exported.warnings)
+            targets = [("export", output, export_dest)] + (held_export or [])
+            report |= _export_outputs(targets, export_to, overwrite, memory_budget)
         _print_report(report, result, cfg, export_to, json_out)
 
 
-def _export(packed, fmt: str, dest, overwrite: bool, memory_budget):
+def _run_pack(inputs, output: str, cfg, raw, mixing: dict, *, show: bool, **options):
+    """The packing step, with progress bars (when `show`), SIGTERM taken as Ctrl-C, and a
+    tokenized cache entry's raw source recorded; `options`: `pipelines.pack.pack`'s own."""
+    from packer.cli.render import progress_bars
+    from packer.interrupts import sigterm_as_interrupt
+    from packer.pipelines.pack import pack as run_pack  # numba: after the tokenizer's fork
+
+    with progress_bars(show) as progress, sigterm_as_interrupt(), raw_source(raw):
+        return run_pack(inputs, output, cfg, progress=progress, **options, **mixing)
+
+
+def _export_outputs(targets, fmt: str, overwrite: bool, memory_budget) -> dict:
+    """`--export`: each (report key, packed output, destination) exported in turn, its
+    warnings printed; the exports' reports by key."""
+    from packer.cli.render import print_warnings
     from packer.export import export
 
-    return export(packed, fmt, dest, overwrite=overwrite, memory_budget=memory_budget)
+    reports = {}
+    for key, packed, dest in targets:
+        exported = export(packed, fmt, dest, overwrite=overwrite, memory_budget=memory_budget)
+        reports[key] = exported.to_dict()
+        print_warnings(exported.warnings)
+    return reports
 
 
 def _print_report(report: dict, result, cfg, export_to: str | None, json_out: bool) -> None:
