@@ -209,7 +209,7 @@ def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
     from packer.tokenize.cache import describe_source
 
     if "mix" not in mixing:
-        from packer.pipelines.mixture_select import TokenizedEntry
+        from packer.pipelines.mixture.select import TokenizedEntry
 
         result = tokenized(inputs)
         named = [str(p) for p in inputs]
