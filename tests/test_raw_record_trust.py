@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import read_shards
@@ -143,6 +144,31 @@ def test_weight_1_and_no_weight_train_the_same_and_last_turn_weight_0_leaves_not
     assert one_error(cli(*args, "-o", tmp_path / "o4", "--train-on", "last")).startswith(
         f"error: {raw}:1: no token is trained"
     )
+
+
+def test_parquet_weights_null_where_a_turn_has_none(cli, toks, tmp_path):
+    """In a Parquet column of turns, a turn without a weight reads as null: no weight."""
+    from transformers import AutoTokenizer
+
+    rows = [weighted_chat(0), unweighted(weighted_chat(0))]
+    for row in rows:
+        for turn in row["conversations"]:
+            turn.setdefault("weight", None)
+    rows[0]["conversations"][3]["weight"] = None  # the second reply: null, trained
+    raw = tmp_path / "chats.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), raw)
+    assert pa.types.is_integer(
+        pq.read_schema(raw).field("conversations").type.value_type["weight"].type
+    )
+    res = cli("tokenize", raw, "--tokenizer", toks["plain"], "-o", tmp_path / "out")
+    assert res.exit_code == 0, res.stderr
+    table = pq.read_table(sorted((tmp_path / "out").glob("part-*.parquet")))
+    tok = AutoTokenizer.from_pretrained(str(toks["plain"]))
+    trained = [
+        trained_text(tok, s)
+        for s in zip(table.column("input_ids").to_pylist(), table.column("labels").to_pylist())
+    ]
+    assert trained == ["water call<|im_end|>", "the day<|im_end|>water call<|im_end|>"]
 
 
 @pytest.mark.parametrize(
