@@ -30,10 +30,12 @@ from packer.cli.mix import (
     split_output_option,
     validation_export_target,
 )
+from packer.cli.pack_export import check_export_config, export_outputs, export_target
 from packer.cli.raw import (
     TEMPLATE_HELP,
     TRAIN_ON,
     TRAIN_ON_HELP,
+    PackTokenizing,
     raw_source,
     tokenize_for_pack,
 )
@@ -282,15 +284,15 @@ def pack(
     debug: bool = DEBUG,
 ) -> None:
     """Pack token datasets into Arrow shards ready for varlen flash-attention."""
-    from packer.interrupts import preparing, sigterm_as_interrupt
+    from packer.interrupts import preparing
 
     with preparing(json_out=json_out):  # a signal in rich's imports ends the command at once
-        from packer.cli.render import print_warnings, progress_bars
+        from packer.cli import render  # noqa: F401 (the steps below use it)
     with user_errors(debug):
         set_storage_options(storage_option)
         if not inputs and not mix and config is None:
             mixture_args(inputs, mix, None, None, None)  # refuses: no INPUT
-        export_dest = _export_target(export_to, export_output, output, overwrite)
+        export_dest = export_target(export_to, export_output, output, overwrite)
         cfg = build_config(
             config,
             {
@@ -319,44 +321,54 @@ def pack(
                 "rejected_column": rejected_column,
             },
         )
-        _check_export_config(export_to, cfg, memory_budget)
+        check_export_config(export_to, cfg, memory_budget)
         _check_unused_flags(cfg, pad_id, on_error, repack)
         refused = {"--repack": repack}
         inputs, mixing = mixture_args(
             inputs, mix, mix_tokens, validation_split, validation_output, cfg_mix(config), refused
         )
         held_export = validation_export_target(export_to, mixing, output, overwrite)
-        raw = tokenize_for_pack(inputs, output, cfg, repack, locals())  # None: no --tokenizer
-        from packer.pipelines.pack import pack as run_pack  # numba: after the tokenizer's fork
-
-        # with --repack, --memory-budget is the export's: a repack reads in memory
-        memory_budget_pack = None if export_to is not None and repack else memory_budget
-        with progress_bars(not json_out) as progress, sigterm_as_interrupt(), raw_source(raw):
-            result = run_pack(
-                raw.inputs if raw is not None else inputs,
-                output,
-                cfg,
-                overwrite=overwrite,
-                progress=progress,
-                workers=workers,
-                memory_budget=memory_budget_pack,
-                repack=repack,
-                resume=resume,
-                **(raw.mixing if raw is not None else mixing),
-            )
+        tokenizing = PackTokenizing(
+            tokenizer=tokenizer,
+            chat_template=chat_template,
+            train_on=train_on,
+            workers=workers,
+            memory_budget=memory_budget,
+            resume=resume,
+            json_out=json_out,
+        )
+        # None without --tokenizer
+        raw = tokenize_for_pack(inputs, output, cfg, repack, mixing, tokenizing)
+        result = _run_pack(
+            raw.inputs if raw is not None else inputs,
+            output,
+            cfg,
+            raw,
+            raw.mixing if raw is not None else mixing,
+            overwrite=overwrite,
+            workers=workers,
+            # with --repack, --memory-budget is the export's: a repack reads in memory
+            memory_budget=None if export_to is not None and repack else memory_budget,
+            repack=repack,
+            resume=resume,
+            show=not json_out,
+        )
         report = result.report()
         if export_to is not None:  # the validation output's too, beside it
-            for key, packed, dest in [("export", output, export_dest)] + (held_export or []):
-                exported = _export(packed, export_to, dest, overwrite, memory_budget)
-                report[key] = exported.to_dict()
-                print_warnings(exported.warnings)
+            targets = [("export", output, export_dest)] + (held_export or [])
+            report |= export_outputs(targets, export_to, overwrite, memory_budget)
         _print_report(report, result, cfg, export_to, json_out)
 
 
-def _export(packed, fmt: str, dest, overwrite: bool, memory_budget):
-    from packer.export import export
+def _run_pack(inputs, output: str, cfg, raw, mixing: dict, *, show: bool, **options):
+    """The packing step, with progress bars (when `show`), SIGTERM taken as Ctrl-C, and a
+    tokenized cache entry's raw source recorded; `options`: `pipelines.pack.pack`'s own."""
+    from packer.cli.render import progress_bars
+    from packer.interrupts import sigterm_as_interrupt
+    from packer.pipelines.pack import pack as run_pack  # numba: after the tokenizer's fork
 
-    return export(packed, fmt, dest, overwrite=overwrite, memory_budget=memory_budget)
+    with progress_bars(show) as progress, sigterm_as_interrupt(), raw_source(raw):
+        return run_pack(inputs, output, cfg, progress=progress, **options, **mixing)
 
 
 def _print_report(report: dict, result, cfg, export_to: str | None, json_out: bool) -> None:
@@ -399,52 +411,3 @@ def _check_unused_flags(cfg, pad_id, on_error, repack: bool) -> None:
             "--on-error cannot be used with --repack: a packer output holds only the samples "
             "that passed when it was packed"
         )
-
-
-def _check_export_config(export_to: str | None, cfg, memory_budget) -> None:
-    """Refuse, before packing, an --export that the packed output could not take."""
-    if export_to is None:  # the exporters import numba: only when asked
-        return
-    from packer.errors import UsageError
-    from packer.export.mds import DEFAULT_SIZE_LIMIT
-    from packer.export.run import batch_tokens
-
-    batch_tokens(cfg.max_len, export_to, memory_budget, DEFAULT_SIZE_LIMIT)
-    if cfg.pairs:
-        raise UsageError(
-            "--export cannot be used with --pairs: the export formats have no pairs and "
-            "would train each side as a separate sample"
-        )
-    if export_to == "megatron-bridge" and cfg.segment_multiple > 1:
-        flag = "--cp-size" if cfg.cp_size > 1 else "--sequence-parallel"
-        raise UsageError(
-            f"--export megatron-bridge cannot be used with {flag}: Bridge's CP layout "
-            "needs the EOS id; pack, then run packer export OUTPUT --to megatron-bridge "
-            "--eos-id ID"
-        )
-
-
-def _export_target(fmt: str | None, dest: Path | None, output: str, overwrite: bool):
-    """Where `--export` writes, refused before any packing if it cannot be written."""
-    from packer.errors import UsageError
-    from packer.storage import is_url
-
-    if fmt is None:
-        if dest is not None:
-            raise UsageError("--export-output needs --export FORMAT")
-        return None
-    from packer.export import FORMATS, check_destination, check_outside
-
-    if fmt not in FORMATS:
-        raise UsageError(f"--export must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if is_url(output):
-        raise UsageError(
-            "--export writes beside a local output; export a URL's output with "
-            "packer export after packing",
-            where=output,
-        )
-    output = Path(output)
-    dest = dest if dest is not None else output.with_name(f"{output.name}-{fmt}")
-    check_outside(dest, output, "--export-output")
-    check_destination(dest, overwrite)
-    return dest

@@ -139,7 +139,7 @@ def plan_command(
     )
     from packer.config import PackConfig
     from packer.errors import UsageError
-    from packer.pipelines.mixture_plan import mixture_lengths
+    from packer.pipelines.mixture.plan import mixture_lengths
     from packer.pipelines.pairs import pair_item_lengths
     from packer.planning.compare import compare_strategies
     from packer.planning.overlength import resolve

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packer.errors import InputError, UsageError, count
@@ -153,24 +153,35 @@ class RawPack:
     session: ExitStack = field(default_factory=ExitStack)
 
 
-def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPack | None:
-    """Tokenize pack's raw INPUT, or each raw source of --mix, through the cache (None without
-    --tokenizer). params: the pack command's parameters, of which this reads --tokenizer,
-    --chat-template, --train-on, --workers, --memory-budget, --json and the mixture options
-    (`mixing`)."""
+@dataclass(frozen=True)
+class PackTokenizing:
+    """The flags of `pack` that its tokenize step reads, by name (so that a flag renamed in
+    `pack` fails where it is passed, not by being silently left out)."""
+
+    tokenizer: str | None
+    chat_template: Path | None
+    train_on: str | None
+    workers: int | None
+    memory_budget: str | None
+    resume: bool
+    json_out: bool
+
+
+def tokenize_for_pack(
+    inputs, output, cfg, repack: bool, mixing: dict, flags: PackTokenizing
+) -> RawPack | None:
+    """Tokenize pack's raw INPUT, or each raw source of --mix (`mixing`, the mixture options),
+    through the cache (None without --tokenizer)."""
     from packer.errors import UsageError
 
-    tokenizer, chat_template, train_on = map(params.get, ("tokenizer", "chat_template", "train_on"))
-    mixing = dict(params.get("mixing") or {})
-    resume = bool(params.get("resume"))
-    if resume and cfg.block_size is None and cfg.engine == "local":  # before any tokenizing
+    if flags.resume and cfg.block_size is None and cfg.engine == "local":  # before tokenizing
         raise UsageError(
             "--resume picks up block runs: pass --block-size or --engine ray (not with --repack "
             "or --pairs)"
         )
-    if tokenizer is None:
-        if chat_template is not None or train_on is not None:
-            flag = "--chat-template" if chat_template is not None else "--train-on"
+    if flags.tokenizer is None:
+        if flags.chat_template is not None or flags.train_on is not None:
+            flag = "--chat-template" if flags.chat_template is not None else "--train-on"
             raise UsageError(f"{flag} needs --tokenizer (INPUT holds raw chats or text)")
         return None
     if repack or cfg.pairs:
@@ -179,16 +190,16 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     from packer import arguments as A
     from packer.tokenize.cache import local_tokenizer_key
 
-    train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
-    key = local_tokenizer_key(tokenizer, chat_template, train_on)
+    train_on = A.choice(flags.train_on or "assistant", "train_on", TRAIN_ON)
+    flags = replace(flags, train_on=train_on)
+    key = local_tokenizer_key(flags.tokenizer, flags.chat_template, train_on)
     with ExitStack() as session:
-        runner = session.enter_context(_runner(cfg, params.get("workers")))
+        runner = session.enter_context(_runner(cfg, flags.workers))
 
         def tokenized(raw_inputs):
-            args = {**params, "train_on": train_on}
-            return _tokenized(raw_inputs, output, cfg, args, key, resume, runner)
+            return _tokenized(raw_inputs, output, cfg, flags, key, runner)
 
-        raw = _tokenize_sources(inputs, mixing, tokenized)
+        raw = _tokenize_sources(inputs, dict(mixing or {}), tokenized)
         raw.session = session.pop_all()  # kept open for the pack
     return raw
 
@@ -198,7 +209,7 @@ def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
     from packer.tokenize.cache import describe_source
 
     if "mix" not in mixing:
-        from packer.pipelines.mixture_select import TokenizedEntry
+        from packer.pipelines.mixture.select import TokenizedEntry
 
         result = tokenized(inputs)
         named = [str(p) for p in inputs]
@@ -272,32 +283,31 @@ def _raw_mix(mix) -> list[tuple[str, float]]:
     return pairs
 
 
-def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool, runner):
+def _tokenized(inputs, output, cfg, flags: PackTokenizing, key: str, runner):
     """One raw source tokenized through the cache (on `runner`: None for this machine's worker
     processes), its summary said (not with --json)."""
     from packer.storage import is_url
     from packer.tokenize.cache import tokenized_input
 
-    names = ("tokenizer", "chat_template", "train_on", "workers", "memory_budget", "json_out")
-    tokenizer, chat_template, train_on, workers, memory_budget, json_out = map(params.get, names)
     skip = output if is_url(output) else Path(output)
     warm = cfg.strategy if runner is None else None
-    with tokenize_progress(not json_out) as shown, warming_meanwhile(warm, shown) as progress:
+    shown = not flags.json_out
+    with tokenize_progress(shown) as bars, warming_meanwhile(warm, bars) as progress:
         result = tokenized_input(
             inputs,
-            lambda: make_encoder(tokenizer, chat_template, train_on, False),
+            lambda: make_encoder(flags.tokenizer, flags.chat_template, flags.train_on, False),
             encoder_key=key,
-            workers=workers,
-            memory_budget=memory_budget,
+            workers=flags.workers,
+            memory_budget=flags.memory_budget,
             on_error=cfg.on_error,
             progress=progress,
             skip=skip,
-            resume=resume,
+            resume=flags.resume,
             runner=runner,
         )
     if result.rebuilt:  # also with --json: the cache was not what it claimed
         say(f"note: tokenize cache entry {result.output} tokenized again: {result.rebuilt}")
-    if not json_out:
+    if shown:
         say(summary(result.report()))
         if result.rejected:
             say(

@@ -75,7 +75,7 @@ class BlockResult:
 
 @dataclass
 class BlockTake:
-    """A mixture's choice from one block (`packer.pipelines.mixture_blocks`): the positions of
+    """A mixture's choice from one block (`packer.pipelines.mixture.blocks`): the positions of
     the block's kept samples to pack, in selection order (a repeat is a second segment of the
     same sample), and the sources' first global sample indices (`bounds`), from which the
     shards' `sample_source` column is read off `sample_index`."""

@@ -10,7 +10,7 @@ Stages, each a plain function an engine runs where it likes (`packer.engines`):
    and Arrow from metadata; JSONL counts its non-blank lines, without parsing them). The driver
    numbers the samples globally from these counts, so `sample_index` means the same as with one
    plan.
-   A mixture (`packer.pipelines.mixture_blocks`) then reads every block's lengths and
+   A mixture (`packer.pipelines.mixture.blocks`) then reads every block's lengths and
    chooses its samples once, for all blocks.
 2. `pack_block` (`packer.pipelines.block_task`), one per block: read, validate, plan, write the
    rows that are full enough as shards, spill the samples of the under-filled tail rows; only
@@ -89,7 +89,7 @@ def pack_blocks(
     (`packer.pipelines.resume`). remote: the output on a store (`packer.write.remote`): the
     tasks upload their files beside it and the driver builds only the manifest and the small
     files in `out`, for `remote.commit` (`packer.pipelines.run_files`). mixture: a
-    `packer.pipelines.mixture_blocks.BlockMixture`: every block packs the samples the
+    `packer.pipelines.mixture.blocks.BlockMixture`: every block packs the samples the
     mixture chose from it. held: build the output, manifest included, but leave it in its
     temporary directory, appending (tmp, out, synced files) for the caller to commit (a
     mixture's validation and training outputs are both built before either is committed)."""

@@ -34,7 +34,7 @@ from packer.arguments import DEFAULT_INPUT, DEFAULT_LABELS
 from packer.config import PackConfig
 from packer.errors import InputError, OptionError, SampleError, UsageError
 from packer.pipelines import hf_datasets
-from packer.pipelines.mixture_dataset import HELD, pack_mixture_tables
+from packer.pipelines.mixture.dataset import HELD, pack_mixture_tables
 from packer.pipelines.one_plan import plan_samples
 from packer.pipelines.raw_dataset import (
     RawTokenizer,
@@ -403,7 +403,7 @@ def pack_dataset(
     raw_columns (`{"messages": "dialog"}`) as its flags. A bad row is `row N` (its index);
     `on_error="skip"` lists it in the stats' `raw_rejects` (`packer.pipelines.raw_dataset`).
     mix (`[(data, weight), ...]` or `{name: (data, weight)}`, with `data=None`), mix_tokens and
-    validation_split: a weighted mixture and a held-out split (`pipelines.mixture_dataset`).
+    validation_split: a weighted mixture and a held-out split (`pipelines.mixture.dataset`).
     """
     with _value_errors():
         labels_column = labels_column or None  # "" reads no labels, as None does

@@ -20,6 +20,7 @@ import pyarrow as pa
 from packer import hashing
 from packer.config import PackConfig
 from packer.contract.names import MANIFEST
+from packer.errors import InputError
 from packer.read.objects import check_columns
 from packer.version import __version__
 
@@ -46,8 +47,28 @@ def rows_table(ds, table: pa.Table | None = None) -> pa.Table:
 
 
 def arrow_batches(ds, batch_size: int) -> Iterator[pa.Table]:
-    """The rows of a `datasets.IterableDataset` as Arrow tables of `batch_size` rows."""
-    yield from ds.with_format("arrow").iter(batch_size=batch_size)
+    """The rows of a `datasets.IterableDataset` as Arrow tables of `batch_size` rows. A row
+    that Arrow cannot hold (a string with a lone surrogate, from Python) is named."""
+    done = 0
+    try:
+        for table in ds.with_format("arrow").iter(batch_size=batch_size):
+            done += table.num_rows
+            yield table
+    except UnicodeEncodeError:
+        raise unencodable_row(ds, done, batch_size) from None
+
+
+def unencodable_row(ds, first: int, count: int) -> InputError:
+    """The error naming the first of rows `first`.. that holds a lone surrogate (the batch that
+    Arrow refused, read again as Python rows)."""
+    from packer.tokenize.files import lone_surrogate
+
+    for i, row in enumerate(ds.skip(first).take(count)):
+        problem = lone_surrogate(row)
+        if problem:
+            return InputError(problem, where=f"row {first + i}")
+    last = first + count - 1
+    return InputError("a string holds a lone surrogate: not text", where=f"rows {first}-{last}")
 
 
 def fingerprint(source, cfg: PackConfig, encoder: str | None = None) -> str:

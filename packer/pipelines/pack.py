@@ -212,8 +212,8 @@ def _checked_inputs(inputs, output_dir, config, storage_options) -> list:
 
 def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, more):
     """A mixture or a validation split: one plan (`packer.pipelines.mixture`), or block runs
-    on any engine (`packer.pipelines.mixture_blocks`)."""
-    from packer.pipelines.mixture import check_mixture_run, pack_mixture
+    on any engine (`packer.pipelines.mixture.blocks`)."""
+    from packer.pipelines.mixture.one_plan import check_mixture_run, pack_mixture
 
     memory_budget, out_of_core, repack, resume, t0 = more
     mixing = args[0] is not None or args[1] is not None
@@ -227,7 +227,7 @@ def _pack_mixture(inputs, output_dir, cfg, args, overwrite, progress, workers, m
     output.check_target(out, overwrite)
     run, extra = pack_mixture, {}
     if cfg.block_size is not None or cfg.engine != "local":
-        from packer.pipelines.mixture_blocks import pack_mixture_blocks
+        from packer.pipelines.mixture.blocks import pack_mixture_blocks
 
         run, extra = pack_mixture_blocks, {"resume": resume}  # block runs resume; one plan not
     with reporting(progress), named_errors():

@@ -12,6 +12,7 @@ arrays as the in-memory one, so the shards come out byte for byte the same.
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import uuid
@@ -29,7 +30,14 @@ from packer.errors import InputError
 from packer.read.assemble import assemble_offsets, check_schema, new_source
 from packer.read.columns import check_files, sample_columns
 from packer.read.files import detect_format, expand_inputs
-from packer.read.formats import _JSON_BLOCK, READERS, RawTable, _json_schema, _list_of_int
+from packer.read.formats import (
+    _JSON_BLOCK,
+    READERS,
+    RawTable,
+    _json_schema,
+    _list_of_int,
+    count_lines,
+)
 from packer.read.progress import ParquetMeter, open_input
 from packer.read.samples import Rejects, Samples
 from packer.read.validate import validate
@@ -174,10 +182,12 @@ def _jsonl_batches(path: Path, columns: list[str], batch_bytes: int = 0) -> Iter
             ),
         )
         batches = list(_first_batch(reader))  # fail before yielding anything on a bad start
-        for batch in batches:
+        rows = 0
+        for batch in itertools.chain(batches, reader):
+            rows += batch.num_rows
             yield RawTable(pa.Table.from_batches([batch]))
-        for batch in reader:
-            yield RawTable(pa.Table.from_batches([batch]))
+        if rows != count_lines(path, compression):  # two objects on a line: read line by line
+            raise _JsonlFallback()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
         raise _JsonlFallback() from None
     except OSError as exc:

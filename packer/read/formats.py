@@ -10,6 +10,7 @@ bad line is found and named.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ def _json_schema(columns: list[str]) -> pa.Schema:
 _JSON_BLOCK = 16 << 20
 _JSON_SPACE = b" \t\r"  # what arrow's JSON reader skips; a line of only these is blank
 _LEAF_LINES = 16  # below this many lines, failing chunks are checked line by line in Python
+_COUNT_CHUNK = 8 << 20  # bytes read at a time to count lines
 
 
 def _read_jsonl(path: Path, columns: list[str]) -> RawTable:
@@ -59,13 +61,41 @@ def _read_jsonl(path: Path, columns: list[str]) -> RawTable:
                 explicit_schema=_json_schema(columns), unexpected_field_behavior="ignore"
             ),
         )
-        return RawTable(table)
+        # the fast parser takes two objects on one line as two rows: the sample count and
+        # every later line number would be wrong, so such a file is read line by line
+        if table.num_rows == count_lines(path, compression):
+            return RawTable(table)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
         # The fast parser stops at the first bad line and says little about where; re-read by
         # chunks of lines to find every bad line and keep the good ones.
-        return _read_jsonl_by_lines(path, columns)
+        pass
     except OSError as exc:
         raise InputError(f"cannot read: {exc}", where=str(path)) from None
+    return _read_jsonl_by_lines(path, columns)
+
+
+_BLANK = re.compile(rb"\n[ \t\r]*(?=\n)")  # a blank line, after the newline before it
+_TEXT = re.compile(rb"[^ \t\r\n]")
+
+
+def count_lines(path: Path, compression: str | None) -> int:
+    """The non-blank lines of a JSONL file (one sample each), as `_line_spans` counts them,
+    streamed a chunk at a time (scripts/bench_jsonl_lines.py: about a tenth of the parse)."""
+    lines, text = 0, False  # text: the line under way holds more than blanks so far
+    try:
+        with pa.input_stream(str(path), compression=compression) as stream:
+            while chunk := stream.read(_COUNT_CHUNK):
+                first = chunk.find(b"\n")
+                if first < 0:
+                    text = text or _TEXT.search(chunk) is not None
+                    continue
+                lines += text or _TEXT.search(chunk, 0, first) is not None  # the line it ends
+                # the lines between its first newline and its last
+                lines += chunk.count(b"\n") - 1 - len(_BLANK.findall(chunk))
+                text = _TEXT.search(chunk, chunk.rfind(b"\n")) is not None
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise InputError(f"cannot read: {exc}", where=str(path)) from None
+    return lines + text
 
 
 def _read_bytes(path: Path) -> bytes:

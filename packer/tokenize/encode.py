@@ -50,7 +50,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
 TAIL_MEMO, TAIL_CHARS = 4096, 256  # prompt tails (at most so long) an encoder keeps the ids of
-ENCODING_VERSION = 2  # bump when the same inputs and options would give other ids or labels
+ENCODING_VERSION = 3  # bump when the same inputs and options would give other ids or labels
 
 
 class Encoder:
@@ -181,6 +181,7 @@ class Encoder:
                 if record.kind not in ("text", "completion", "chat"):
                     raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
                 self.check_control(record, i)
+                self.check_weights(record, i)
                 if record.kind == "chat":
                     text, spans = self.chat_spans(record, i)
             except RawRecordError as e:
@@ -287,16 +288,27 @@ class Encoder:
 
     def trained_turns(self, record: Record, spans) -> list[tuple[int, tuple[int, int]]]:
         """(turn number, span) of the assistant turns that `train_on` trains; a conversational
-        prompt's turns (before `record.train_from`) are context, never trained."""
+        prompt's turns (before `record.train_from`) are context, and turns of weight 0
+        (`record.untrained`) are left out, never trained."""
         if self.train_on == "all":
             return []
         replies = [i for i, m in enumerate(record.messages) if m["role"] == "assistant"]
         turns = [
-            (n, span)
+            (n, i, span)
             for n, (i, span) in enumerate(zip(replies, spans), 1)
             if i >= record.train_from
         ]
-        return turns[-1:] if self.train_on == "last" else turns
+        turns = turns[-1:] if self.train_on == "last" else turns
+        return [(n, span) for n, i, span in turns if i not in record.untrained]  # weight 0
+
+    def check_weights(self, record: Record, index: int) -> None:
+        """A turn of weight 0 cannot be left out of `train_on="all"`, which trains every token."""
+        if self.train_on == "all" and record.untrained:
+            raise RawRecordError(
+                f"turn {min(record.untrained)} of the chat (counting from 0) has weight 0, and "
+                f"{option('train_on')} all trains every token",
+                index=index,
+            )
 
     def prompt_tail(self, text: str, start: int) -> int:
         """Where the last special token before `start` begins (0 if none). Text between special

@@ -10,6 +10,7 @@ number of workers, so the same input always gives the same batches.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,6 +215,13 @@ def _json_array_items(raw: RawFile) -> Iterator[tuple[int, object, int]]:
             raise InputError("malformed JSON (expected ',' or ']')", where=f"{raw.shown}:{line}")
     if pos >= len(text):
         raise InputError("malformed JSON (the array is not closed)", where=f"{raw.shown}:{line}")
+    pos, line, _ = _skip_space(text, pos + 1, line)
+    if pos < len(text):
+        raise InputError(
+            "more after the JSON array's closing ']': a .json file holds one array of records "
+            "(records one per line are .jsonl)",
+            where=f"{raw.shown}:{line}",
+        )
 
 
 def _skip_space(text: str, pos: int, line: int) -> tuple[int, int, int]:
@@ -286,13 +294,14 @@ def batch_digest(batch: RawBatch) -> str:
 def decode_rows(batch: RawBatch) -> list[dict | str]:
     """Each row of the batch as a dict, or the one-line problem (without its place) that keeps
     it from being one."""
-    if batch.columnar:
+    if batch.columnar:  # Arrow strings are UTF-8: they cannot hold a lone surrogate
         return [_drop_nulls(row) for row in batch.rows.to_pylist()]
     out: list[dict | str] = []
     for row in batch.rows:
+        decoded = row
         if isinstance(row, bytes):
             try:
-                row = json.loads(row.decode("utf-8"))
+                decoded = json.loads(row.decode("utf-8"))
             except UnicodeDecodeError as exc:
                 out.append(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
                 continue
@@ -302,11 +311,52 @@ def decode_rows(batch: RawBatch) -> list[dict | str]:
             except RecursionError:
                 out.append("malformed JSON (nested too deeply)")
                 continue
-        if not isinstance(row, dict):
-            out.append(f"expected a JSON object, got {_json_type(row)}")
+        if not isinstance(decoded, dict):
+            out.append(f"expected a JSON object, got {_json_type(decoded)}")
             continue
-        out.append(row)
+        if not isinstance(row, bytes) or _SURROGATE_ESCAPE.search(row):
+            # a lone surrogate comes only from an escape (UTF-8 bytes cannot hold one): only
+            # such lines are walked, and the items of a .json array (parsed by the driver)
+            try:
+                decoded = lone_surrogate(decoded) or decoded
+            except RecursionError:
+                decoded = "malformed JSON (nested too deeply)"
+        out.append(decoded)
     return out
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # \ud800-\udfff, valid pairs' included
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def lone_surrogate(value, where: str = "") -> str | None:
+    """What is wrong with the first string or object key in `value` that holds a lone surrogate
+    (a `\\ud800` escape without its pair: half of a UTF-16 pair, no character a tokenizer can
+    encode), or None. `where`: the path to `value` in its row."""
+    if isinstance(value, str):
+        found = _SURROGATE.search(value)
+        if found is None:
+            return None
+        return f"{where or 'the row'} holds {_surrogate(found.group())}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            at = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and _SURROGATE.search(key):
+                found = _SURROGATE.search(key).group()
+                return f"a key of {where or 'the row'} ({ascii(key)}) holds {_surrogate(found)}"
+            problem = lone_surrogate(item, at)
+            if problem:
+                return problem
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = lone_surrogate(item, f"{where}[{i}]")
+            if problem:
+                return problem
+    return None
+
+
+def _surrogate(char: str) -> str:
+    return f"a lone surrogate (\\u{ord(char):04x}: half of a UTF-16 pair, not a character)"
 
 
 def _json_type(value) -> str:

@@ -7,10 +7,16 @@ The kind is detected per row, so one file may mix them: OpenAI chats (`messages`
 of which only the completion's replies are trained). A column that is absent or null does not
 count, so a Parquet file whose rows are of several kinds (nulls elsewhere) works. A row is refused with one line saying
 what is wrong and where in the row; the caller adds the file and line.
+
+A chat's turn may carry a `weight` (axolotl's and LLaMA-Factory's ShareGPT, OpenAI's
+fine-tuning chats): 0 keeps the turn out of the loss, 1 (or no weight) leaves it as the mask
+would have it; any other value is refused rather than guessed at. The weights travel on the
+Record (`untrained`), not on the messages, which are handed to the template as they are.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from packer.errors import InputError
@@ -29,6 +35,7 @@ SHAREGPT_ROLES = {
 }
 # keys of a message that are handed to the template as they are, beside role and content
 PASSED_KEYS = ("tool_calls", "tool_call_id", "name", "reasoning_content", "thinking")
+WEIGHT = "weight"  # a turn's weight: 0 (not trained) or 1 (trained as usual)
 
 
 class RawRecordError(InputError):
@@ -69,6 +76,7 @@ class Record:
     completion: str | None = None
     tools: tuple[dict, ...] | None = None
     train_from: int = 0  # messages before it are a conversational prompt: context, not trained
+    untrained: frozenset[int] = frozenset()  # the messages of weight 0: never trained
 
 
 def present(row: dict, column: str) -> bool:
@@ -100,9 +108,12 @@ def to_record(row: dict, columns: RawColumns = RawColumns()) -> Record:
     tools = tool_list(row.get(c.tools), c.tools)
     kind = found[0]
     if kind == "messages":
-        return chat(openai_messages(row[c.messages], c.messages), tools)
+        messages = openai_messages(row[c.messages], c.messages)
+        return chat(messages, tools, untrained=zero_weights(row[c.messages], c.messages))
     if kind == "conversations":
-        return chat(sharegpt_messages(row[c.conversations], c.conversations), tools)
+        turns = row[c.conversations]
+        messages = sharegpt_messages(turns, c.conversations)
+        return chat(messages, tools, untrained=zero_weights(turns, c.conversations))
     if kind == "instruction":
         return chat(alpaca_messages(row, c), tools)
     if kind == "prompt" and isinstance(row.get(c.prompt), list):
@@ -135,11 +146,42 @@ def tool_list(value, where: str) -> tuple[dict, ...] | None:
     return tuple(value)
 
 
-def chat(messages: list[dict], tools, train_from: int = 0) -> Record:
+def chat(
+    messages: list[dict], tools, train_from: int = 0, untrained: frozenset[int] = frozenset()
+) -> Record:
     if not any(m["role"] == "assistant" for m in messages[train_from:]):
         where = "the completion" if train_from else "the chat"
         raise RawRecordError(f"{where} has no assistant turn: nothing to train on")
-    return Record("chat", messages=tuple(messages), tools=tools, train_from=train_from)
+    return Record(
+        "chat", messages=tuple(messages), tools=tools, train_from=train_from, untrained=untrained
+    )
+
+
+def zero_weights(turns: list[dict], where: str, first: int = 0) -> frozenset[int]:
+    """The places (from `first`) of the turns whose weight is 0. A weight that is neither 0 nor
+    1 (0.5, "0", true, null) is refused: a loss weight packer cannot honour, or a typo."""
+    zero = set()
+    for i, turn in enumerate(turns):
+        if WEIGHT not in turn:
+            continue
+        value = turn[WEIGHT]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in (0, 1):
+            raise RawRecordError(
+                f"{where}[{i}].{WEIGHT} is {json_text(value)}: a turn's weight is 0 (not "
+                "trained) or 1 (trained)"
+            )
+        if value == 0:
+            zero.add(first + i)
+    return frozenset(zero)
+
+
+def json_text(value) -> str:
+    """A value as JSON writes it (null, true, "0", 0.5), cut to 40 characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def conversational_pair(row: dict, c: RawColumns, tools) -> Record:
@@ -151,7 +193,10 @@ def conversational_pair(row: dict, c: RawColumns, tools) -> Record:
         raise RawRecordError(
             f"{c.completion} must be a list of messages like {c.prompt}, got {kind_of(completion)}"
         )
-    return chat(prompt + openai_messages(completion, c.completion), tools, len(prompt))
+    replies = openai_messages(completion, c.completion)
+    untrained = zero_weights(row[c.prompt], c.prompt)
+    untrained |= zero_weights(completion, c.completion, len(prompt))
+    return chat(prompt + replies, tools, len(prompt), untrained)
 
 
 def message_list(value, where: str) -> list:

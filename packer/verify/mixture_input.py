@@ -17,7 +17,7 @@ import numpy as np
 
 from packer import arguments as A
 from packer.errors import InputError, option
-from packer.pipelines.mixture_read import join_samples
+from packer.pipelines.mixture.read import join_samples
 from packer.read.assemble import read_samples
 from packer.read.files import expand_inputs
 from packer.read.samples import Samples

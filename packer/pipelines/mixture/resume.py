@@ -17,7 +17,7 @@ from pathlib import Path
 from packer.config import PackConfig
 from packer.contract.names import MANIFEST
 from packer.errors import UsageError, option
-from packer.pipelines.mixture_select import MixSource
+from packer.pipelines.mixture.select import MixSource
 from packer.read.files import fingerprint
 from packer.storage import display
 from packer.version import __version__

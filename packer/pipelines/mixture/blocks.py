@@ -4,7 +4,7 @@ The sources' files are cut into blocks as in any block run (source 0's files fir
 `sample_index` numbers the inputs as the one-plan mixture does). A length pass, one
 `block_lengths` task per block on the run's engine, sends back the length of every kept sample
 as it will be packed (4 bytes a sample, never tokens). The driver joins them per source and
-chooses with the one-plan mixture's own core (`mixture_select.choose_samples`), so the shares
+chooses with the one-plan mixture's own core (`select.choose_samples`), so the shares
 and the per-source report are the ones a one-plan run of the same sources reports, on any
 engine and with any number of workers. Every block then packs its take list: the positions
 it gives, in selection order, repeats included (`block_task.BlockTake`), and its shards name
@@ -22,13 +22,9 @@ import numpy as np
 from packer import hashing
 from packer.config import PackConfig
 from packer.pipelines.block_task import BlockTake
-from packer.pipelines.mixture import (
-    check_mix_tokens,
-    describe_sources,
-    mixture_report,
-    validation_report,
-)
-from packer.pipelines.mixture_select import MixSource, choose_samples, packed_lengths
+from packer.pipelines.mixture.one_plan import check_mix_tokens
+from packer.pipelines.mixture.report import describe_sources, mixture_report, validation_report
+from packer.pipelines.mixture.select import MixSource, choose_samples, packed_lengths
 from packer.planning.overlength import resolve
 from packer.read.blocks import BlockSpec, block_samples
 from packer.read.samples import Rejects
@@ -236,17 +232,17 @@ def pack_mixture_blocks(
     """`pack(mix=..., block_size=...)` or on Ray: the block pipeline packing one global
     mixture (`BlockMixture`). With a validation split, the validation output is a second
     block run over the same blocks; both are built before either is committed, the
-    validation output first (as `packer.pipelines.mixture` does)."""
+    validation output first (as `packer.pipelines.mixture.one_plan` does)."""
     import time
 
     from packer.arguments import parse_size
     from packer.engines import open_engine
     from packer.interrupts import interrupt_once
     from packer.pipelines.blocks import pack_blocks
-    from packer.pipelines.mixture import validation_target
-    from packer.pipelines.mixture_read import check_source_columns
-    from packer.pipelines.mixture_resume import check_finished_validation, finished_validation
-    from packer.pipelines.mixture_select import expand_sources, mix_sources
+    from packer.pipelines.mixture.one_plan import validation_target
+    from packer.pipelines.mixture.read import check_source_columns
+    from packer.pipelines.mixture.resume import check_finished_validation, finished_validation
+    from packer.pipelines.mixture.select import expand_sources, mix_sources
     from packer.read.cache import default_budget
     from packer.storage import display
     from packer.write import commit as output

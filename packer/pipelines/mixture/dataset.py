@@ -3,7 +3,7 @@
 The sources (🤗 Datasets, Arrow tables, sequences of token lists) are validated one by one and
 joined in order, so their global sample indices run on from source to source exactly as
 `packer.pack --mix` numbers the same samples written one file per source. The mixture is
-planned once by `mixture_select.plan_mixture`, the selected samples planned and gathered as
+planned once by `select.plan_mixture`, the selected samples planned and gathered as
 `pack` writes them, and every row carries `sample_source` (the index of each segment's source).
 So a source table written to a file and mixed by `packer.pack` gives the same rows.
 """
@@ -21,9 +21,9 @@ from packer.config import PackConfig
 from packer.contract.schema import SOURCE_COLUMN
 from packer.errors import InputError, UsageError
 from packer.pipelines import hf_datasets
-from packer.pipelines.mixture import mixture_report, validation_report
-from packer.pipelines.mixture_read import join_samples
-from packer.pipelines.mixture_select import (
+from packer.pipelines.mixture.read import join_samples
+from packer.pipelines.mixture.report import mixture_report, validation_report
+from packer.pipelines.mixture.select import (
     Selection,
     plan_mixture,
     selection_segments,

@@ -18,7 +18,7 @@ import numpy as np
 from packer.arguments import parse_size
 from packer.config import PackConfig
 from packer.errors import InputError, OutputError, option
-from packer.pipelines.mixture_select import MixSource
+from packer.pipelines.mixture.select import MixSource
 from packer.read.assemble import read_samples
 from packer.read.cache import (
     batch_bytes_for,

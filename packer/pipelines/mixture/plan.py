@@ -7,9 +7,9 @@ from contextlib import ExitStack
 import numpy as np
 
 from packer.config import PackConfig
-from packer.pipelines.mixture import describe_sources, file_counts, mixture_report
-from packer.pipelines.mixture_read import check_source_columns, read_sources
-from packer.pipelines.mixture_select import (
+from packer.pipelines.mixture.read import check_source_columns, read_sources
+from packer.pipelines.mixture.report import describe_sources, file_counts, mixture_report
+from packer.pipelines.mixture.select import (
     expand_sources,
     mix_sources,
     plan_mixture,
