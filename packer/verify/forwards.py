@@ -179,6 +179,7 @@ def make_cpu_forward(budget: int | None = None) -> tuple[Forward, str]:
 
 
 FLEX_BLOCK = 128  # FlexAttention's default sparse block size (queries and keys)
+FLEX_BUCKETS = 24  # power-of-two lengths 128 .. 2^30: each may compile once
 
 
 def bucket_length(n: int) -> int:
@@ -248,9 +249,10 @@ def make_flex_forward(
     """FlexAttention under the document mask of `cu_seqlens` (`document_block_mask`).
 
     Compiled (on a GPU), every row is padded to its `bucket_length`, so the kernel compiles
-    once per bucket; recompiles past dynamo's `recompile_limit` raise instead of silently
-    running unfused (`fail_on_recompile_limit_hit`), and `report` counts what ran: `compiled`,
-    `compiles` (graphs dynamo built in these calls), the `lengths` compiled for, the `calls`."""
+    once per bucket (dynamo's `recompile_limit`, 8 by default, is raised to the FLEX_BUCKETS
+    there can be); a recompile past it raises instead of silently running unfused
+    (`fail_on_recompile_limit_hit`), and `report` counts what ran: `compiled`,
+    `compiles` (graphs dynamo built in these calls), the bucket `lengths` run, the `calls`."""
     import warnings
 
     import torch
@@ -258,8 +260,9 @@ def make_flex_forward(
 
     report = {} if report is None else report
     report.update(compiled=compiled, compiles=0, lengths=[], calls=0)
+    limit = max(int(torch._dynamo.config.recompile_limit), FLEX_BUCKETS)
     if compiled:
-        report["recompile_limit"] = int(torch._dynamo.config.recompile_limit)
+        report["recompile_limit"] = limit
 
     def forward(q, k, v, cu, max_seqlen):
         check_varlen_call(q, cu, max_seqlen)
@@ -268,17 +271,17 @@ def make_flex_forward(
         q4, k4, v4 = (_pad_rows(x, length).transpose(0, 1)[None] for x in (q, k, v))
         mask = document_block_mask(cu, length, q.device)
         report["calls"] += 1
+        if compiled and length not in report["lengths"]:
+            report["lengths"] = sorted([*report["lengths"], length])
         if not compiled:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # eager flex on CPU warns that it is unfused
                 out = flex_attention(q4, k4, v4, block_mask=mask)
             return out[0].transpose(0, 1)
         before = _graphs()
-        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+        with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
             out = _compiled_flex()(q4, k4, v4, block_mask=mask)
-        if _graphs() > before:
-            report["compiles"] += _graphs() - before
-            report["lengths"] = sorted({*report["lengths"], length})
+        report["compiles"] += _graphs() - before
         return out[0, :, :n].transpose(0, 1)
 
     how = "compiled, rows padded to power-of-two buckets" if compiled else "eager"
