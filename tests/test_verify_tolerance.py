@@ -30,7 +30,7 @@ def emulated_kernel(q, k, v, offset: int = 0):
     qf, kf, vf = (x.float().transpose(0, 1) for x in (q, k, v))  # (H, T, D)
     scale = 1.0 / math.sqrt(q.shape[-1])
     m = torch.full((qf.shape[0], n, 1), float("-inf"))
-    l = torch.zeros(qf.shape[0], n, 1)
+    total = torch.zeros(qf.shape[0], n, 1)
     acc = torch.zeros_like(qf)
     pos = torch.arange(n)
     start = 0
@@ -41,10 +41,10 @@ def emulated_kernel(q, k, v, offset: int = 0):
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         keep = torch.exp(m - m_new)  # every query sees key 0, so m_new is finite
         p = torch.exp(s - m_new)
-        l = l * keep + p.sum(-1, keepdim=True)
+        total = total * keep + p.sum(-1, keepdim=True)
         acc = acc * keep + p.to(dtype).float() @ vf[:, start:end]
         m, start = m_new, end
-    return (acc / l).to(dtype).float().transpose(0, 1)
+    return (acc / total).to(dtype).float().transpose(0, 1)
 
 
 def worst_errors(dtype: str, n: int, seeds: int) -> tuple[float, float]:
