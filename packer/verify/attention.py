@@ -2,7 +2,8 @@
 
 For each picked row, the chosen backend (`backends.py`) runs the row packed, each sample of it
 alone, and the row as one plain causal sequence: packed must equal alone (and the fp32 SDPA
-reference, the witness across implementations), and plain causal must differ, or the check
+reference, the witness across implementations) within the tolerance the dtype and the rows'
+longest segment allow (`tolerance.py`), and plain causal must differ, or the check
 could not have seen a leak (the negative control). q, k and v are a seeded random vector per
 token id, so a run is reproducible. Torch is imported only inside the functions here, so packing
 and the structure checks never load it.

@@ -260,7 +260,12 @@ def make_flex_forward(
 
     report = {} if report is None else report
     report.update(compiled=compiled, compiles=0, lengths=[], calls=0)
-    limit = max(int(torch._dynamo.config.recompile_limit), FLEX_BUCKETS)
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    limit = max(int(getattr(config, name)), FLEX_BUCKETS)
+    patch = {name: limit}
+    if hasattr(config, "fail_on_recompile_limit_hit"):  # torch 2.6+
+        patch["fail_on_recompile_limit_hit"] = True
     if compiled:
         report["recompile_limit"] = limit
 
@@ -279,7 +284,7 @@ def make_flex_forward(
                 out = flex_attention(q4, k4, v4, block_mask=mask)
             return out[0].transpose(0, 1)
         before = _graphs()
-        with torch._dynamo.config.patch(recompile_limit=limit, fail_on_recompile_limit_hit=True):
+        with config.patch(**patch):
             out = _compiled_flex()(q4, k4, v4, block_mask=mask)
         report["compiles"] += _graphs() - before
         return out[0, :, :n].transpose(0, 1)
