@@ -487,6 +487,7 @@ def main(argv=None) -> int:
     ap.add_argument("--small-samples", type=int, default=200, help="samples of the small output")
     ap.add_argument("--workers", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
     ap.add_argument("--timeout", type=int, default=600, help="seconds for one verify or pack")
+    ap.add_argument("--suite-timeout", type=int, default=900, help="seconds for the suite")
     args = ap.parse_args(argv)
 
     try:
@@ -517,7 +518,7 @@ def main(argv=None) -> int:
         if group == "suite":
             wanted = group in args.groups and (args.with_suite or (cuda and not args.no_suite))
             if wanted:
-                suite_check(report, args.workers, 3 * args.timeout)
+                suite_check(report, args.workers, args.suite_timeout)
             else:
                 why = "--no-suite" if args.no_suite else "on a CPU machine only with --with-suite"
                 report.add("suite", "CPU test suite, CUDA hidden", False, "skipped", reason=why)

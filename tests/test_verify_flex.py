@@ -119,3 +119,24 @@ def test_compiled_flex_compiles_once_per_bucket_and_says_so():
     assert report["lengths"] == [128, 256] and report["compiles"] == 2  # 4 more calls, 1 graph
     assert report["calls"] == first["calls"] + 4 and report["recompile_limit"] >= 24
     assert got["iso"]["kernel"] == first  # what verify's report shows
+
+
+def test_the_human_report_says_what_compiled_flex_did():
+    from rich.console import Console
+
+    from packer.cli.render_verify import verify_table
+    from packer.verify.result import CheckResult, VerifyResult
+
+    details = {"backend": "flex", "device": "cuda", "dtype": "bf16", "rows": 2, "samples": 5}
+    kernel = {"compiled": True, "compiles": 2, "lengths": [128, 4096], "calls": 9}
+    checks = {"attention": CheckResult("attention", details={**details, "kernel": kernel})}
+    console = Console(record=True, width=400, color_system=None)
+    console.print(verify_table(VerifyResult("o", checks)))
+    text = " ".join(console.export_text().split())
+    assert "s per million tokens; compiled: 2 compiles for lengths 128, 4,096 │" in text
+    eager = {**details, "kernel": {**kernel, "compiled": False, "compiles": 0}}
+    console = Console(record=True, width=400, color_system=None)
+    console.print(
+        verify_table(VerifyResult("o", {"attention": CheckResult("attention", details=eager)}))
+    )
+    assert "compiled:" not in console.export_text()
