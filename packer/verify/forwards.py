@@ -1,10 +1,11 @@
 """Every attention backend as one causal varlen `forward(q, k, v, cu_seqlens, max_seqlen)`.
 
-Each kernel has its own signature (flash-attn, torch's `varlen_attn` in two call forms, the
-private aten op before torch 2.10); the adapters here make them one call over `(T, H, D)` tensors,
-causal within the segments of `cu_seqlens`. They are plain functions, tested on the CPU with fake
-kernels. The CPU and FlexAttention forwards mask a dense attention by segment instead, and check
-the varlen contract a real kernel would rely on. Torch is imported inside the functions only.
+Each kernel has its own signature (flash-attn 2 and 3, torch's `varlen_attn` in two call forms,
+the private aten op before torch 2.10); the adapters here make them one call over `(T, H, D)`
+tensors, causal within the segments of `cu_seqlens`. They are plain functions, tested on the CPU
+with fake kernels. The CPU reference masks a dense attention by segment instead, FlexAttention
+runs a block mask built from the segments; both check the varlen contract a real kernel would
+rely on. Torch is imported inside the functions only.
 """
 
 from __future__ import annotations
