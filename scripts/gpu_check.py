@@ -460,6 +460,8 @@ def table(report: Report) -> str:
             "peak_gpu_memory_gib",
             "max_logits_diff",
             "control_min_logits_leak",
+            "exit",
+            "attention_failures",
             "summary",
         )
         shown = ", ".join(f"{k} {_fmt(d[k])}" for k in picks if d.get(k) is not None)
