@@ -86,6 +86,14 @@ mutation: setup
 	OMP_NUM_THREADS=1 $(BIN)/mutmut run --max-children 2
 	$(BIN)/mutmut results
 
+# the GPU proof of `packer verify` (docs/verify.md#the-gpu-proof): every kernel, pack + verify,
+# a planted fault, --model, a 32k row, then the CPU suite with CUDA hidden; report in
+# out/gpu-check/. Needs torch with CUDA (flash-attn, flash-attn 3 where installed); fetches
+# nothing. Without a GPU it runs what needs none and exits 3. GPU_CHECK_ARGS=--no-suite etc.
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py $(GPU_CHECK_ARGS)
+
 sample: setup
 	$(BIN)/python scripts/make_sample.py data/sample.jsonl.gz
 

@@ -24,6 +24,7 @@ from test_verify_cli import (
     load_shard,
     messages,
     multi_sample_row,
+    no_cuda,  # noqa: F401 (a fixture: the tests that assert the CPU's choices hide a GPU)
     run_verify,
     save_shard,
 )
@@ -57,6 +58,7 @@ def structural(cli, out: Path, *args: str) -> tuple[int, dict]:
 # attention: the fp32 reference is the only witness against a kernel equally wrong both ways
 
 
+@pytest.mark.usefixtures("no_cuda")
 def test_non_causal_kernel_is_caught_by_the_fp32_reference(cli, packed, monkeypatch):
     import torch.nn.functional as F
 
@@ -79,11 +81,13 @@ def test_non_causal_kernel_is_caught_by_the_fp32_reference(cli, packed, monkeypa
     att = report["checks"]["attention"]
     assert att["call"] == "planted: block-diagonal, not causal"
     # packed equals alone (the kernel is wrong the same way both times) ...
-    assert att["max_isolated_diff"] <= 1e-5
+    assert att["max_isolated_diff"] <= att["tolerance"] < 1e-4
     # ... so only the reference comparison can see it, and it names every sample
     assert att["max_reference_diff"] > 0.1 and att["failure_count"] == att["samples"]
     for m in messages(report, "attention"):
-        assert "differs from the fp32 reference by" in m and "(tolerance 1e-05)" in m
+        assert (
+            "differs from the fp32 reference by" in m and f"(tolerance {att['tolerance']:g})" in m
+        )
     assert report["checks"]["negative_control"]["ok"]  # the control alone would not catch it
 
 
@@ -518,6 +522,7 @@ def test_report_shape_and_failure_fields(cli, packed, tmp_path):
     assert entry["shard"] == manifest["shards"][0]["file"] and "row" not in entry
 
 
+@pytest.mark.usefixtures("no_cuda")
 def test_attention_numbers_add_up(cli, packed):
     code, report = run_verify(cli, packed[0])  # --rows all
     assert code == 0
@@ -534,13 +539,23 @@ def test_attention_numbers_add_up(cli, packed):
     )
 
 
+@pytest.mark.usefixtures("no_cuda")
 def test_fp16_on_the_cpu_uses_its_tolerance(cli, packed):
+    import torch
+
+    from packer.verify.attention import value_bound
+    from packer.verify.tolerance import tolerance
+
     code, report = run_verify(cli, packed[0], "--rows", "2", "--dtype", "fp16")
     assert code == 0, messages(report)
     att = report["checks"]["attention"]
-    assert att["dtype"] == "fp16" and att["tolerance"] == 2e-3
-    assert 0 < att["max_reference_diff"] <= 2e-3  # fp16 rounding shows against fp32
-    assert report["checks"]["negative_control"]["threshold"] == 2e-2
+    bound = value_bound(0, torch.float16)
+    assert att["tolerance_from"]["unit_roundoff"] == 2.0**-11
+    assert att["tolerance"] == tolerance("fp16", att["tolerance_from"]["length"], bound)
+    assert 2 * 2.0**-11 * bound < att["tolerance"] < 1e-2  # fp16's, not fp32's
+    assert 0 < att["max_reference_diff"] <= att["tolerance"]  # fp16 rounding shows
+    ctl = report["checks"]["negative_control"]
+    assert ctl["threshold"] == 10 * att["tolerance"] and ctl["margin"] > 10
 
 
 def test_padding_totals_over_several_shards(cli, tmp_path):

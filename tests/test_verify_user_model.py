@@ -38,7 +38,10 @@ def config_dir(tmp_path_factory):
     return path
 
 
-def test_config_only_dir_passes_with_a_working_control(cli, packed, config_dir):
+def test_config_only_dir_passes_with_a_working_control(cli, packed, config_dir, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # asserts the CPU's choices
     out, _ = packed
     code, report = run_verify(cli, out, "--model", config_dir, "--rows", "3")
     assert code == 0, messages(report)

@@ -8,6 +8,14 @@ from packer.errors import count
 from packer.verify.result import VerifyResult
 
 
+def _kernel(kernel: dict | None) -> str:
+    """What compiled FlexAttention did: its compiles and the bucket lengths it ran."""
+    if not kernel or not kernel.get("compiled"):
+        return ""
+    lengths = ", ".join(f"{n:,}" for n in kernel.get("lengths", []))
+    return f"; compiled: {_n(kernel, 'compiles', 'compile')} for lengths {lengths}"
+
+
 def _n(d: dict, key: str, noun: str) -> str:
     """`1 row`, `2 rows`; `- rows` where the report lacks the count."""
     x = d.get(key)
@@ -63,6 +71,7 @@ def _summary(name: str, d: dict) -> str:
             f"alone max diff {_fmt(d.get('max_isolated_diff'))}, vs fp32 reference "
             f"{_fmt(d.get('max_reference_diff'))} (tolerance {_fmt(d.get('tolerance'))}); "
             f"{_fmt(d.get('seconds_per_million_tokens'))} s per million tokens"
+            + _kernel(d.get("kernel"))
         )
     if name == "negative_control":
         synthetic = " (two joined samples)" if d.get("synthetic") else ""

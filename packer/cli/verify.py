@@ -94,8 +94,9 @@ def verify(
         "--backend",
         "-b",
         metavar=choices(("auto", *BACKENDS)),
-        help="Attention backend. auto takes "
-        "flash-attn, else torch varlen (GPU), else FlexAttention (GPU), else the CPU reference.",
+        help="Attention backend. auto takes the first this GPU can run of flash-attn-3 "
+        "(Hopper), flash-attn, torch varlen (both sm80+), FlexAttention (sm70+), else the CPU "
+        "reference; one asked for by name that cannot run here is refused (exit 2).",
     ),
     rows: str = typer.Option(
         "16",
@@ -109,7 +110,8 @@ def verify(
         None,
         "--dtype",
         metavar=choices(DTYPES),
-        help="Attention dtype. [default: bf16 on a GPU backend, fp32 on the CPU]",
+        help="Attention dtype; the tolerance follows from it and the rows' longest sample. "
+        "[default: bf16 on a GPU backend (fp16 on a GPU without bf16), fp32 on the CPU]",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed for the row pick, q/k/v and the model."),
     model_check: bool = typer.Option(

@@ -74,7 +74,7 @@ def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def cp_shard(batch: dict, cp_rank: int, cp_size: int) -> dict:
+def cp_shard(batch: dict, cp_rank: int, cp_size: int, device=None) -> dict:
     """CP rank `cp_rank`'s zigzag share of a `collate_packed(rows, "flatten")` batch.
 
     Returns `input_ids`, `labels` (shifted: see the module docstring), `shift_labels` (the same
@@ -85,25 +85,34 @@ def cp_shard(batch: dict, cp_rank: int, cp_size: int) -> dict:
     `zigzag_ring_flash_attn_varlen_func`. Every sample's length in the batch (its padded length
     for a CP output) must be a multiple of `2 x cp_size`; anything else is refused naming
     `cp_size`.
+
+    Every tensor of the result, the kernels' boundary tensors included (TE and ring-flash-attn
+    read them on the GPU), is on `device`: by default the batch's (its `input_ids`'), so a
+    batch moved to the GPU before the split gives a shard all on the GPU; pass
+    `device="cuda"` to split a CPU batch straight onto the GPU.
     """
     if not isinstance(cp_size, int) or cp_size < 1:
         raise ValueError(f"cp_size must be a positive integer, got {cp_size!r}")
     if not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_rank must be in [0, {cp_size}), got {cp_rank!r}")
     real, padded = _boundaries(batch, cp_size)
-    index_np = zigzag_index(padded.numpy().astype(np.int64), cp_rank, cp_size)
-    index = torch.from_numpy(index_np)
+    here = batch["input_ids"].device
+    device = here if device is None else torch.device(device)
+    index_np = zigzag_index(padded.cpu().numpy().astype(np.int64), cp_rank, cp_size)
+    index = torch.from_numpy(index_np).to(here)  # the gathers run where the batch is
     targets = shifted_labels(batch["labels"])[:, index]
     seg = torch.diff(padded)
     max_padded = int(seg.max()) if len(seg) else 0
+    local = int((targets != IGNORE_INDEX).sum())
+    targets, real, padded = targets.to(device), real.to(device), padded.to(device)
     return {
-        "input_ids": batch["input_ids"][:, index],
+        "input_ids": batch["input_ids"][:, index].to(device),
         "labels": targets,
         "shift_labels": targets,
-        "position_ids": batch["position_ids"][:, index],
-        "index": index,
+        "position_ids": batch["position_ids"][:, index].to(device),
+        "index": index.to(device),
         "num_loss_tokens": int(batch["num_loss_tokens"]),
-        "local_loss_tokens": int((targets != IGNORE_INDEX).sum()),
+        "local_loss_tokens": local,
         "te_kwargs": {
             "qkv_format": "thd",
             "attn_mask_type": "padding_causal",

@@ -3,5 +3,5 @@ without loading numpy, torch or the checks)."""
 
 from __future__ import annotations
 
-BACKENDS = ("flash-attn", "torch-varlen", "flex", "cpu")
+BACKENDS = ("flash-attn-3", "flash-attn", "torch-varlen", "flex", "cpu")
 DTYPES = ("bf16", "fp16", "fp32")

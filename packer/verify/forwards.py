@@ -1,14 +1,16 @@
 """Every attention backend as one causal varlen `forward(q, k, v, cu_seqlens, max_seqlen)`.
 
-Each kernel has its own signature (flash-attn, torch's `varlen_attn` in two call forms, the
-private aten op before torch 2.10); the adapters here make them one call over `(T, H, D)` tensors,
-causal within the segments of `cu_seqlens`. They are plain functions, tested on the CPU with fake
-kernels. The CPU and FlexAttention forwards mask a dense attention by segment instead, and check
-the varlen contract a real kernel would rely on. Torch is imported inside the functions only.
+Each kernel has its own signature (flash-attn 2 and 3, torch's `varlen_attn` in two call forms,
+the private aten op before torch 2.10); the adapters here make them one call over `(T, H, D)`
+tensors, causal within the segments of `cu_seqlens`. They are plain functions, tested on the CPU
+with fake kernels. The CPU reference masks a dense attention by segment instead, FlexAttention
+runs a block mask built from the segments; both check the varlen contract a real kernel would
+rely on. Torch is imported inside the functions only.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 
@@ -80,6 +82,18 @@ def make_flash_attn_forward(fn: Callable) -> tuple[Forward, str]:
         )
 
     return forward, "flash_attn.flash_attn_varlen_func(..., dropout_p=0.0, causal=True)"
+
+
+def make_flash_attn3_forward(fn: Callable) -> tuple[Forward, str]:
+    """flash-attn 3 (`flash_attn_interface`, hopper/): its varlen call has no `dropout_p` (the
+    8th and 9th positions are `seqused_q/k`), so everything after `max_seqlen_k` goes by
+    keyword; some versions return (out, softmax_lse), others out alone."""
+
+    def forward(q, k, v, cu, max_seqlen):
+        out = fn(q, k, v, cu, cu, int(max_seqlen), int(max_seqlen), softmax_scale=None, causal=True)
+        return out[0] if isinstance(out, tuple) else out
+
+    return forward, "flash_attn_interface.flash_attn_varlen_func(..., causal=True)"
 
 
 def segment_ids(cu, length: int):
@@ -165,32 +179,125 @@ def make_cpu_forward(budget: int | None = None) -> tuple[Forward, str]:
     return forward, "scaled_dot_product_attention(attn_mask=block-diagonal causal)"
 
 
-def make_flex_forward(device: str, compiled: bool) -> tuple[Forward, str]:
+FLEX_BLOCK = 128  # FlexAttention's default sparse block size (queries and keys)
+FLEX_BUCKETS = 24  # power-of-two lengths 128 .. 2^30: each may compile once
+
+
+def bucket_length(n: int) -> int:
+    """The length compiled FlexAttention runs a row of n tokens at: the next power of two from
+    FLEX_BLOCK, so a run of rows up to L compiles at most log2(L / 128) + 1 times."""
+    return max(FLEX_BLOCK, 1 << max(int(n) - 1, 0).bit_length())
+
+
+def document_block_mask(cu, length: int, device):
+    """FlexAttention's BlockMask for causal attention within the segments of `cu` over
+    `length` positions (positions past cu[-1] form one padding segment of their own), built
+    block by block from the segment ids: (length / 128)^2 block flags, never a length^2 mask.
+
+    Segment ids never decrease along a row, so key block j < query block i holds a visible
+    pair exactly when j's last id equals i's first, and only visible pairs when j's first id
+    equals i's last; the diagonal blocks are always partial (causal inside)."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    doc = segment_ids(cu.to(device), length)
+    blocks = -(-length // FLEX_BLOCK)
+    starts = torch.arange(blocks, device=doc.device) * FLEX_BLOCK
+    first = doc[starts]
+    last = doc[torch.clamp(starts + FLEX_BLOCK, max=length) - 1]
+    below = torch.ones(blocks, blocks, dtype=torch.bool, device=doc.device).tril(-1)
+    whole = (starts + FLEX_BLOCK <= length)[:, None]  # a last, short block is never full
+    full = below & whole & (first[None, :] == last[:, None])  # [query block, key block]
+    seen = (below & (last[None, :] == first[:, None])) | torch.eye(
+        blocks, dtype=torch.bool, device=doc.device
+    )
+    partial = seen & ~full
+
+    def ordered(flags):
+        count = flags.sum(-1, dtype=torch.int32)
+        index = torch.argsort(flags.to(torch.int8), dim=-1, descending=True, stable=True)
+        return count[None, None], index.to(torch.int32)[None, None]
+
+    def document_causal(b, h, q_idx, kv_idx):
+        return (doc[q_idx] == doc[kv_idx]) & (q_idx >= kv_idx)
+
+    return BlockMask.from_kv_blocks(
+        *ordered(partial),
+        *ordered(full),
+        BLOCK_SIZE=FLEX_BLOCK,
+        mask_mod=document_causal,
+        seq_lengths=(length, length),
+    )
+
+
+@functools.cache
+def _compiled_flex():
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)  # one graph per bucket_length
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def make_flex_forward(
+    device: str, compiled: bool, report: dict | None = None
+) -> tuple[Forward, str]:
+    """FlexAttention under the document mask of `cu_seqlens` (`document_block_mask`).
+
+    Compiled (on a GPU), every row is padded to its `bucket_length`, so the kernel compiles
+    once per bucket (dynamo's `recompile_limit`, 8 by default, is raised to the FLEX_BUCKETS
+    there can be); a recompile past it raises instead of silently running unfused
+    (`fail_on_recompile_limit_hit`), and `report` counts what ran: `compiled`,
+    `compiles` (graphs dynamo built in these calls), the bucket `lengths` run, the `calls`."""
     import warnings
 
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-    kernel = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
+    report = {} if report is None else report
+    report.update(compiled=compiled, compiles=0, lengths=[], calls=0)
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    limit = max(int(getattr(config, name)), FLEX_BUCKETS)
+    patch = {name: limit}
+    if hasattr(config, "fail_on_recompile_limit_hit"):  # torch 2.6+
+        patch["fail_on_recompile_limit_hit"] = True
+    if compiled:
+        report["recompile_limit"] = limit
 
     def forward(q, k, v, cu, max_seqlen):
         check_varlen_call(q, cu, max_seqlen)
-        length = q.shape[0]
-        doc = segment_ids(cu, length)
+        n = q.shape[0]
+        length = bucket_length(n) if compiled else n
+        q4, k4, v4 = (_pad_rows(x, length).transpose(0, 1)[None] for x in (q, k, v))
+        mask = document_block_mask(cu, length, q.device)
+        report["calls"] += 1
+        if compiled and length not in report["lengths"]:
+            report["lengths"] = sorted([*report["lengths"], length])
+        if not compiled:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # eager flex on CPU warns that it is unfused
+                out = flex_attention(q4, k4, v4, block_mask=mask)
+            return out[0].transpose(0, 1)
+        before = _graphs()
+        with config.patch(**patch):
+            out = _compiled_flex()(q4, k4, v4, block_mask=mask)
+        report["compiles"] += _graphs() - before
+        return out[0, :, :n].transpose(0, 1)
 
-        def document_causal(b, h, qi, ki):
-            return (doc[qi] == doc[ki]) & (qi >= ki)
+    how = "compiled, rows padded to power-of-two buckets" if compiled else "eager"
+    return forward, f"flex_attention(block_mask=document mask from cu_seqlens, {how})"
 
-        mask = create_block_mask(document_causal, None, None, length, length, device=device)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # eager flex on CPU warns that it is unfused
-            out = kernel(
-                q.transpose(0, 1)[None],
-                k.transpose(0, 1)[None],
-                v.transpose(0, 1)[None],
-                block_mask=mask,
-            )
-        return out[0].transpose(0, 1)
 
-    how = "compiled" if compiled else "eager"
-    return forward, f"flex_attention(block_mask=create_block_mask(document causal), {how})"
+def _pad_rows(x, length: int):
+    """x (T, H, D) with zero rows appended up to `length` (the padding segment)."""
+    import torch
+
+    if x.shape[0] == length:
+        return x
+    return torch.cat([x, x.new_zeros(length - x.shape[0], *x.shape[1:])])
