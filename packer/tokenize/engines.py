@@ -150,7 +150,7 @@ def resolve_engine(
     if requested == "hf":
         return Resolved(reference, requested)
     text = backend.to_str()
-    path = proof_path(text, tokenizer_sha256, FastokensEngine.name)
+    path = proof_path(text, tokenizer_sha256, FastokensEngine.name) if cache else None
     try:
         known = read_proof(path) if cache else None
         if known is not None and not known.equal:
@@ -165,10 +165,9 @@ def resolve_engine(
             reference,
             fast,
             backend,
-            backend_json=text,
-            tokenizer_sha256=tokenizer_sha256,
             extra_texts=list(extra_texts),
             cache=cache,
+            path=path,
         )
         if not proof.equal:
             raise refused(proof.difference)
