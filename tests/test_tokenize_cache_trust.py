@@ -179,30 +179,20 @@ def test_a_second_run_into_one_output_fails_and_leaves_the_winners(tokenizer, tm
     assert not [p for p in tmp_path.iterdir() if ".packer-" in p.name]
 
 
-def test_an_output_made_while_the_run_runs_is_left_and_the_run_fails(tokenizer, tmp_path):
+@pytest.mark.parametrize("files", [{"mine.txt": "a user's file"}, {}], ids=["a file", "empty"])
+def test_an_output_made_while_the_run_runs_is_left_and_the_run_fails(tokenizer, tmp_path, files):
     x = write_jsonl(tmp_path / "x.jsonl", records(300, seed=1))
     out = tmp_path / "out"
     run = _tokenize(tokenizer, x, out, pause=2)
     _wait_for(run, "packer-fault: commit before")
-    out.mkdir()
-    (out / "mine.txt").write_text("a user's file")
+    out.mkdir()  # empty, or with a user's file in it: not replaced either way
+    for name, text in files.items():
+        (out / name).write_text(text)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1, err
     assert "output directory appeared while tokenizing" in err
     assert "reused from the cache" not in err
-    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
-
-
-def test_an_empty_output_made_while_the_run_runs_is_not_replaced(tokenizer, tmp_path):
-    x = write_jsonl(tmp_path / "x.jsonl", records(300, seed=1))
-    out = tmp_path / "out"
-    run = _tokenize(tokenizer, x, out, pause=2)
-    _wait_for(run, "packer-fault: commit before")
-    out.mkdir()
-    _, err = run.communicate(timeout=120)
-    assert run.returncode == 1, err
-    assert "output directory appeared while tokenizing" in err
-    assert list(out.iterdir()) == []
+    assert sorted(p.name for p in out.iterdir()) == sorted(files)
 
 
 def test_two_runs_at_once_into_one_output_one_wins(tokenizer, tmp_path):
