@@ -18,6 +18,7 @@ HF's ids on it (`packer.tokenize.proof`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class FastokensEngine:
 def flatten(ids: list[list[int]]):
     offsets = np.zeros(len(ids) + 1, np.int64)
     np.cumsum([len(i) for i in ids], out=offsets[1:])
-    values = np.fromiter((t for i in ids for t in i), np.int32, int(offsets[-1]))
+    values = np.fromiter(chain.from_iterable(ids), np.int32, int(offsets[-1]))
     return values, offsets
 
 
