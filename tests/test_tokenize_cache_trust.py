@@ -125,6 +125,19 @@ def test_an_empty_entry_directory_is_a_miss(packed, tmp_path):
     assert digests(tmp_path / "again", "shard-*") == clean
 
 
+def test_an_entry_that_is_a_dangling_link_is_a_miss(packed, tmp_path):
+    import shutil
+
+    pack, entry, clean = packed
+    shutil.rmtree(entry)
+    entry.symlink_to(tmp_path / "gone")
+    res = pack("again")
+    assert res.exit_code == 0, res.stderr
+    assert "tokenized again: its tokenized.json is missing or unreadable" in res.stderr
+    assert not entry.is_symlink() and digests(tmp_path / "again", "shard-*") == clean
+    assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name]  # no old link left
+
+
 # A user's -o is not a cache: it is refused whenever it exists, also when it appears meanwhile
 
 
