@@ -125,12 +125,16 @@ def test_an_empty_entry_directory_is_a_miss(packed, tmp_path):
     assert digests(tmp_path / "again", "shard-*") == clean
 
 
-def test_an_entry_that_is_a_dangling_link_is_a_miss(packed, tmp_path):
+@pytest.mark.parametrize("kind", ["a link to nothing", "a file"])
+def test_an_entry_that_is_not_a_directory_is_a_miss(packed, tmp_path, kind):
     import shutil
 
     pack, entry, clean = packed
     shutil.rmtree(entry)
-    entry.symlink_to(tmp_path / "gone")
+    if kind == "a file":
+        entry.write_text("not an entry")
+    else:
+        entry.symlink_to(tmp_path / "gone")
     res = pack("again")
     assert res.exit_code == 0, res.stderr
     assert "tokenized again: its tokenized.json is missing or unreadable" in res.stderr

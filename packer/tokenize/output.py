@@ -139,7 +139,7 @@ def finish(tmp: Path, output: Path, manifest: dict, overwrite: bool, entry: bool
             old = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}-old"
             os.rename(output, old)
             os.rename(tmp, output)
-            if old.is_symlink():  # the link goes, never what it points to
+            if old.is_symlink() or not old.is_dir():  # a link goes, never what it points to
                 old.unlink()
             else:
                 shutil.rmtree(old, ignore_errors=True)
