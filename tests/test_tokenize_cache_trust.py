@@ -288,3 +288,21 @@ def test_every_damage_to_an_entry_is_found(sound_entry, tmp_path_factory):
         shutil.rmtree(copy.parent)
 
     check()
+
+
+def test_overwrite_replaces_an_output_and_a_link_without_its_target(cli, tokenizer, tmp_path):
+    x = write_jsonl(tmp_path / "x.jsonl", records(30, seed=1))
+    y = write_jsonl(tmp_path / "y.jsonl", records(20, seed=2))
+    out = tmp_path / "out"
+    assert cli("tokenize", x, "--tokenizer", tokenizer, "-o", out).exit_code == 0
+    res = cli("tokenize", y, "--tokenizer", tokenizer, "-o", out, "--overwrite")
+    assert res.exit_code == 0, res.stderr
+    assert len(_samples(out)) == 20
+    before = digests(out, "*")
+    link = tmp_path / "link"
+    link.symlink_to(out)  # a link to a tokenized output: the link is replaced, not `out`
+    res = cli("tokenize", x, "--tokenizer", tokenizer, "-o", link, "--overwrite")
+    assert res.exit_code == 0, res.stderr
+    assert not link.is_symlink() and len(_samples(link)) == 30
+    assert digests(out, "*") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "out", "x.jsonl", "y.jsonl"]
