@@ -190,3 +190,24 @@ def test_a_boundary_outside_the_text_is_refused(tiny):
         token_boundaries(
             engine, "hello", engine.encode_batch(["hello"], add_special_tokens=False)[0], [9]
         )
+
+
+def test_a_special_token_longer_than_the_memo_keeps_is_found(tmp_path):
+    """An added token of more than MEMO_CHARS characters is tokenized, kept until the batch is
+    done, and anchors the boundaries after it as a short one does."""
+    from tokenizers import AddedToken
+
+    from packer.tokenize.boundaries import MEMO_CHARS
+
+    long = "<" + "x" * MEMO_CHARS + ">"
+    backend = tiny_backend(tmp_path)
+    backend.add_special_tokens([AddedToken(long, special=True)])
+    engine = HFEngine(backend)
+    text = f"the water{long}assistant\nwater the"
+    ids = engine.encode_batch([text], add_special_tokens=False)[0]
+    chars = list(range(len(text) + 1))
+    memo: dict = {}
+    got = token_boundaries_batch(engine, [text], [ids], [chars], [long], memo)[0]
+    assert got == [prefix_reference(backend, text, ids, b) for b in chars]
+    assert got[text.index(long) + len(long)] == ids.index(backend.token_to_id(long)) + 1
+    assert long not in memo and ("", long) not in memo

@@ -67,6 +67,20 @@ def test_the_same_file_twice_to_tokenize_is_a_usage_error(cli, tokenizer, tmp_pa
     assert not (tmp_path / "tok").exists()
 
 
+def test_a_directory_and_a_file_in_it_to_tokenize_is_a_usage_error(cli, tokenizer, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    inside = write_jsonl(data / "raw.jsonl", records(20, seed=24))
+    res = cli("tokenize", data, inside, "--tokenizer", tokenizer, "-o", tmp_path / "tok")
+    assert res.exit_code == 2
+    assert res.stderr == f"error: {inside}: the same file is named twice in the inputs\n"
+    assert not (tmp_path / "tok").exists()
+    res = cli("pack", inside, data, "--tokenizer", tokenizer, "-o", tmp_path / "p", "-L", "256")
+    assert res.exit_code == 2
+    assert res.stderr == f"error: {inside}: the same file is named twice in the inputs\n"
+    assert not (tmp_path / "p").exists()
+
+
 def test_a_pack_from_an_entry_made_under_another_name_records_the_users_file(
     cli, tokenizer, tmp_path, raw
 ):

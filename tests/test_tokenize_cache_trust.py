@@ -125,6 +125,23 @@ def test_an_empty_entry_directory_is_a_miss(packed, tmp_path):
     assert digests(tmp_path / "again", "shard-*") == clean
 
 
+@pytest.mark.parametrize("kind", ["a link to nothing", "a file"])
+def test_an_entry_that_is_not_a_directory_is_a_miss(packed, tmp_path, kind):
+    import shutil
+
+    pack, entry, clean = packed
+    shutil.rmtree(entry)
+    if kind == "a file":
+        entry.write_text("not an entry")
+    else:
+        entry.symlink_to(tmp_path / "gone")
+    res = pack("again")
+    assert res.exit_code == 0, res.stderr
+    assert "tokenized again: its tokenized.json is missing or unreadable" in res.stderr
+    assert not entry.is_symlink() and digests(tmp_path / "again", "shard-*") == clean
+    assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name]  # no old link left
+
+
 # A user's -o is not a cache: it is refused whenever it exists, also when it appears meanwhile
 
 
@@ -179,30 +196,20 @@ def test_a_second_run_into_one_output_fails_and_leaves_the_winners(tokenizer, tm
     assert not [p for p in tmp_path.iterdir() if ".packer-" in p.name]
 
 
-def test_an_output_made_while_the_run_runs_is_left_and_the_run_fails(tokenizer, tmp_path):
+@pytest.mark.parametrize("files", [{"mine.txt": "a user's file"}, {}], ids=["a file", "empty"])
+def test_an_output_made_while_the_run_runs_is_left_and_the_run_fails(tokenizer, tmp_path, files):
     x = write_jsonl(tmp_path / "x.jsonl", records(300, seed=1))
     out = tmp_path / "out"
     run = _tokenize(tokenizer, x, out, pause=2)
     _wait_for(run, "packer-fault: commit before")
-    out.mkdir()
-    (out / "mine.txt").write_text("a user's file")
+    out.mkdir()  # empty, or with a user's file in it: not replaced either way
+    for name, text in files.items():
+        (out / name).write_text(text)
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1, err
     assert "output directory appeared while tokenizing" in err
     assert "reused from the cache" not in err
-    assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]
-
-
-def test_an_empty_output_made_while_the_run_runs_is_not_replaced(tokenizer, tmp_path):
-    x = write_jsonl(tmp_path / "x.jsonl", records(300, seed=1))
-    out = tmp_path / "out"
-    run = _tokenize(tokenizer, x, out, pause=2)
-    _wait_for(run, "packer-fault: commit before")
-    out.mkdir()
-    _, err = run.communicate(timeout=120)
-    assert run.returncode == 1, err
-    assert "output directory appeared while tokenizing" in err
-    assert list(out.iterdir()) == []
+    assert sorted(p.name for p in out.iterdir()) == sorted(files)
 
 
 def test_two_runs_at_once_into_one_output_one_wins(tokenizer, tmp_path):
@@ -281,3 +288,21 @@ def test_every_damage_to_an_entry_is_found(sound_entry, tmp_path_factory):
         shutil.rmtree(copy.parent)
 
     check()
+
+
+def test_overwrite_replaces_an_output_and_a_link_without_its_target(cli, tokenizer, tmp_path):
+    x = write_jsonl(tmp_path / "x.jsonl", records(30, seed=1))
+    y = write_jsonl(tmp_path / "y.jsonl", records(20, seed=2))
+    out = tmp_path / "out"
+    assert cli("tokenize", x, "--tokenizer", tokenizer, "-o", out).exit_code == 0
+    res = cli("tokenize", y, "--tokenizer", tokenizer, "-o", out, "--overwrite")
+    assert res.exit_code == 0, res.stderr
+    assert len(_samples(out)) == 20
+    before = digests(out, "*")
+    link = tmp_path / "link"
+    link.symlink_to(out)  # a link to a tokenized output: the link is replaced, not `out`
+    res = cli("tokenize", x, "--tokenizer", tokenizer, "-o", link, "--overwrite")
+    assert res.exit_code == 0, res.stderr
+    assert not link.is_symlink() and len(_samples(link)) == 30
+    assert digests(out, "*") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "out", "x.jsonl", "y.jsonl"]

@@ -111,9 +111,14 @@ def test_hybrid_without_kernels_is_refused_in_one_line(arch):
     # the model itself, given the batch collate_packed builds, refuses it or leaks
     try:
         with torch.no_grad():
-            model(**model_inputs(batch))
+            packed = model(**model_inputs(batch)).logits
     except ValueError as exc:
         assert "can't keep packed sequences apart" in str(exc)
+    else:  # its torch path ran: the second sample's logits are not its own alone
+        a, b = batch["cu_seq_lens_q"][1:3].tolist()
+        with torch.no_grad():
+            alone = model(input_ids=batch["input_ids"][:, a:b]).logits
+        assert float((packed[0, a:b] - alone[0]).abs().max()) > 0
 
 
 def test_the_models_own_refusal_becomes_the_one_line(monkeypatch):

@@ -116,6 +116,11 @@ def test_weights_sum_to_one_per_sample(lengths, seed, mode):
     assert w.shape == labels.shape and w.dtype == torch.float32
     assert bool((w[labels == -100] == 0).all()) and bool((w[labels != -100] > 0).all())
     assert float(w.sum()) == pytest.approx(batch["num_items_in_batch"], abs=1e-4)
+    for r, row_idx in enumerate(batch["seq_idx"]):  # each sample's weights: 1, or 0 untrained
+        for j in row_idx.unique().tolist():
+            sample = row_idx == j
+            trained = bool((labels[r][sample] != -100).any())
+            assert float(w[r][sample].sum()) == pytest.approx(float(trained), abs=1e-5)
     token = collate_packed(rows, mode, loss_weighting="token")
     assert torch.equal(token["loss_weights"], (labels != -100).float())
     assert token["num_items_in_batch"] == batch["num_loss_tokens"]

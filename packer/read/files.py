@@ -22,7 +22,7 @@ from packer.contract.outputs import (
     refuse,
     repack_hint,
 )
-from packer.errors import InputError
+from packer.errors import InputError, UsageError
 from packer.read.remote import expand_url
 from packer.storage import display, is_url, parse_url
 
@@ -39,6 +39,14 @@ _SUFFIXES = {
     ".ipc": ("arrow", None),
 }
 _GLOB_CHARS = set("*?[")
+
+
+class NamedTwice(UsageError, InputError):
+    """A file the INPUT arguments name twice (itself twice, or itself and a directory or glob
+    that holds it): a usage error (exit 2), and an `InputError` for a caller that catches it."""
+
+    def __init__(self, where: str):
+        super().__init__("the same file is named twice in the inputs", where=where)
 
 
 def detect_format(path: Path) -> tuple[str, str | None]:
@@ -135,7 +143,7 @@ def expand_inputs(
     for f in files:
         key = _identity(f)
         if key in seen:
-            raise InputError("the same file is named twice in the inputs", where=display(f))
+            raise NamedTwice(display(f))
         seen.add(key)
         if has_contract_schema(f, detect_format(Path(f))[0]):
             raise refuse(

@@ -42,7 +42,7 @@ def token_boundaries_batch(
     memo = {} if memo is None else memo
     pattern = special_pattern(specials)
     encode(engine, [s for s in specials if s], memo)
-    token = {s: memo[s][0] for s in specials if s and len(memo[s]) == 1}
+    token = {s: lookup(memo, s)[0] for s in specials if s and len(lookup(memo, s)) == 1}
     anchors = [special_anchors(t, i, pattern, token) for t, i in zip(texts, ids)]
     for text, wanted in zip(texts, chars):
         for b in wanted:

@@ -18,6 +18,7 @@ HF's ids on it (`packer.tokenize.proof`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -106,7 +107,7 @@ class FastokensEngine:
 def flatten(ids: list[list[int]]):
     offsets = np.zeros(len(ids) + 1, np.int64)
     np.cumsum([len(i) for i in ids], out=offsets[1:])
-    values = np.fromiter((t for i in ids for t in i), np.int32, int(offsets[-1]))
+    values = np.fromiter(chain.from_iterable(ids), np.int32, int(offsets[-1]))
     return values, offsets
 
 
@@ -150,7 +151,7 @@ def resolve_engine(
     if requested == "hf":
         return Resolved(reference, requested)
     text = backend.to_str()
-    path = proof_path(text, tokenizer_sha256, FastokensEngine.name)
+    path = proof_path(text, tokenizer_sha256, FastokensEngine.name) if cache else None
     try:
         known = read_proof(path) if cache else None
         if known is not None and not known.equal:
@@ -165,10 +166,9 @@ def resolve_engine(
             reference,
             fast,
             backend,
-            backend_json=text,
-            tokenizer_sha256=tokenizer_sha256,
             extra_texts=list(extra_texts),
             cache=cache,
+            path=path,
         )
         if not proof.equal:
             raise refused(proof.difference)

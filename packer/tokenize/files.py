@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import xxhash
 
-from packer.errors import InputError, UsageError
-from packer.read.files import expand_inputs
+from packer.errors import InputError
+from packer.read.files import NamedTwice, expand_inputs
 from packer.read.progress import open_input
 from packer.storage import display, is_url
 
@@ -76,8 +76,6 @@ def raw_inputs(inputs: Iterable[str | Path], skip: Path | str | None = None) -> 
     files. A name given twice is refused."""
     from packer.read.files import detect_format
 
-    inputs = list(inputs)
-    _named_once(inputs)
     files: list[RawFile] = []
     rest: list[str] = []
 
@@ -104,26 +102,11 @@ def raw_inputs(inputs: Iterable[str | Path], skip: Path | str | None = None) -> 
     for f in files:
         key = f.path.resolve()
         if key in seen:
-            raise UsageError("the same file is named twice in the inputs", where=f.shown)
+            raise NamedTwice(f.shown)
         seen.add(key)
     if not files:
         raise InputError("no input files given")
     return files
-
-
-def _named_once(inputs: list) -> None:
-    """A file named twice on the command line is a usage error (exit 2), found before the
-    inputs are expanded (which refuses a file found twice through a directory or a glob)."""
-    seen: set[Path] = set()
-    for item in inputs:
-        text = str(item)
-        path = Path(text)
-        if is_url(text) or not path.is_file():
-            continue
-        key = path.resolve()
-        if key in seen:
-            raise UsageError("the same file is named twice in the inputs", where=text)
-        seen.add(key)
 
 
 def read_batches(

@@ -131,15 +131,18 @@ def finish(tmp: Path, output: Path, manifest: dict, overwrite: bool, entry: bool
             os.fsync(fd)
         finally:
             os.close(fd)
-    if entry and not overwrite and output.exists():
-        found = read_tokenized(output)
+    if entry and not overwrite and (output.exists() or output.is_symlink()):
+        found = read_tokenized(output)  # None also for a link to nothing
         overwrite = found is None or unsound(output, found) is not None
     with commit_point(str(output)):
         if overwrite and (output.exists() or output.is_symlink()):
             old = output.parent / f".{output.name}{TMP_MARK}{os.getpid()}-old"
             os.rename(output, old)
             os.rename(tmp, output)
-            shutil.rmtree(old, ignore_errors=True)
+            if old.is_symlink() or not old.is_dir():  # a link goes, never what it points to
+                old.unlink()
+            else:
+                shutil.rmtree(old, ignore_errors=True)
             return True
         try:
             output.mkdir()  # the claim: fails where anything is

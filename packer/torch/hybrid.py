@@ -96,8 +96,8 @@ def isolation_needs(model: torch.nn.Module) -> list[Need]:
     ]
 
 
-def _pip(packages) -> str:
-    return " ".join(DISTRIBUTIONS.get(p, p) for p in packages)
+def _pip(packages, sep: str = " ") -> str:
+    return sep.join(DISTRIBUTIONS.get(p, p) for p in packages)
 
 
 def needs_line(needs: list[Need]) -> str | None:
@@ -111,9 +111,7 @@ def needs_line(needs: list[Need]) -> str | None:
         label, packages, key = KINDS[n.kind]
         keys = "seq_idx" if key == "seq_idx" else f"{key} and seq_idx"
         where = ", ".join(str(x) for x in n.layers)
-        parts.append(
-            f"{label} in layers {where} (need {' and '.join(_pip(packages).split())}, with {keys})"
-        )
+        parts.append(f"{label} in layers {where} (need {_pip(packages, ' and ')}, with {keys})")
     packages = sorted({p for n in missing for p in n.missing}, key=list(DISTRIBUTIONS).index)
     return (
         "layers that cannot keep packed samples apart on this install: "

@@ -103,7 +103,6 @@ def run_user_model(
     import torch
 
     from packer.torch import check_isolation, collate_packed, model_inputs
-    from packer.torch.hybrid import isolation_needs, needs_line
 
     t0 = time.perf_counter()
     model, how = load_model(model_dir, seed, dtype)
@@ -113,18 +112,13 @@ def run_user_model(
     samples = 0
     logits_max = loss_max = 0.0
     leaks: list[float] = []
-    tol = None
-    # layers without the kernels that keep packed samples apart: one line, no forward
-    unsupported = needs_line(isolation_needs(model)) if multi else None
-    if unsupported:
-        result.fail(Failure(unsupported))
-    multi_run = [] if unsupported else multi
+    tol = unsupported = None
     if on_row:
-        on_row(0, len(multi_run))
-    for done, item in enumerate(multi_run, 1):
+        on_row(0, len(multi))
+    for done, item in enumerate(multi, 1):
         batch = collate_packed([item.data], "flatten")
         report = check_isolation(model, batch, raise_on_failure=False, max_samples=None)
-        if report.unsupported:  # the model's own refusal of packed sequences
+        if report.unsupported:  # layers that cannot keep packed samples apart: no forward ran
             unsupported = report.unsupported
             result.fail(Failure(unsupported))
             break
@@ -148,7 +142,7 @@ def run_user_model(
                 )
             )
         if on_row:
-            on_row(done, len(multi_run))
+            on_row(done, len(multi))
     if not multi:
         result.ran = False
         result.skipped_reason = "no picked row holds two samples"
