@@ -69,7 +69,7 @@ def test_weighted_packed_loss_equals_the_unpacked_loss(model, mode, kind):
     batch = collate_packed(rows, mode, loss_weighting=kind)
     with torch.no_grad():
         logits = model(**model_inputs(batch)).logits
-    got = float(sum_token_loss(logits, batch["labels"], batch["loss_weights"]))
+    got = float(sum_token_loss(logits, batch["labels"], loss_weights=batch["loss_weights"]))
     got /= batch["num_items_in_batch"]
     losses = unpacked_losses(model, rows)
     assert got == pytest.approx(expected(losses, kind), rel=1e-5)
@@ -83,7 +83,7 @@ def test_token_weighting_is_what_transformers_computes(model):
     batch = collate_packed(rows_with_masks(), "flatten", loss_weighting="token")
     with torch.no_grad():
         out = model(**model_inputs(batch), num_items_in_batch=batch["num_items_in_batch"])
-    ours = sum_token_loss(out.logits, batch["labels"], batch["loss_weights"])
+    ours = sum_token_loss(out.logits, batch["labels"], loss_weights=batch["loss_weights"])
     assert float(ours / batch["num_items_in_batch"]) == pytest.approx(float(out.loss), rel=1e-5)
 
 
@@ -98,7 +98,7 @@ def test_sample_weighting_across_micro_batches(model):
     with torch.no_grad():
         for b in batches:
             logits = model(**model_inputs(b)).logits
-            total += float(sum_token_loss(logits, b["labels"], b["loss_weights"])) / n
+            total += float(sum_token_loss(logits, b["labels"], loss_weights=b["loss_weights"])) / n
     assert total == pytest.approx(expected(unpacked_losses(model, rows), "sample"), rel=1e-5)
     assert step_loss_tokens(batches, all_reduce=False) == sum(r["num_loss_tokens"] for r in rows)
 

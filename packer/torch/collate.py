@@ -30,7 +30,7 @@ weight of the target at each label position, 0 where the label is -100) and
 over the batch's tokens, what a plain mean over the unpacked samples' concatenated tokens
 gives); "sample" weighs sample i's loss tokens 1 / n_i and divides by the samples that have a
 loss token (the mean over samples of each sample's mean loss). `sum_token_loss(logits, labels,
-batch["loss_weights"]) / batch["num_items_in_batch"]` is that loss.
+loss_weights=batch["loss_weights"]) / batch["num_items_in_batch"]` is that loss.
 
 Rows of a CP output (`pack --cp-size N`, which carry `cu_seqlens_padded`) collate with
 `flatten` only: every sample keeps its CP padding, so the batch is the THD layout that

@@ -14,7 +14,7 @@ num_items_in_batch=N).loss` is `S_kr / N`.
 
 Per-sample averaging (each sample's mean loss counts once, however long the sample): collate
 with `collate_packed(rows, loss_weighting="sample")` and backpropagate
-`sum_token_loss(logits, labels, batch["loss_weights"]) / N`, N the step's `num_items_in_batch`
+`sum_token_loss(logits, labels, loss_weights=batch["loss_weights"]) / N`, N the step's `num_items_in_batch`
 (`step_loss_tokens(batches, key="num_items_in_batch")`: the samples with a loss token). With
 `loss_weighting="token"` the same two calls give the per-token mean above.
 
@@ -35,8 +35,9 @@ from packer.contract.names import IGNORE_INDEX
 def sum_token_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
-    loss_weights: torch.Tensor | None = None,
     ignore_index: int = IGNORE_INDEX,
+    *,
+    loss_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Cross-entropy summed over every target of a batch, with the causal shift; each target
     weighted by `loss_weights` (the batch's, from `collate_packed(..., loss_weighting=...)`,

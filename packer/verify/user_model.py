@@ -62,7 +62,14 @@ def load_model(model_dir: str | Path, seed: int, dtype: str | None):
         "bf16": torch.bfloat16,
         "fp16": torch.float16,
         "fp32": torch.float32,
-        None: torch.bfloat16 if cuda else torch.float32,
+        # bf16 only where the GPU has it natively (as verify's attention check decides)
+        None: (
+            torch.bfloat16
+            if cuda and torch.cuda.is_bf16_supported(including_emulation=False)
+            else torch.float16
+            if cuda
+            else torch.float32
+        ),
     }[dtype]
     try:
         config = AutoConfig.from_pretrained(str(path), local_files_only=True)
