@@ -1,0 +1,56 @@
+"""Build `.venv-core`: packer's core install, `pip install .` with no extras, as a user's CI has.
+
+The development stack brings packages the core does not (click through ray and huggingface_hub,
+torch, transformers, tokenizers): code that needs one of them by accident works in `.venv` and
+fails on a user's machine. tests/test_core_install.py runs the CLI here, with this checkout's
+sources first on PYTHONPATH, so the installed copy of packer only pins the dependencies.
+
+Built once and reused while pyproject.toml is unchanged (the stamp holds its hash); a lock file
+keeps two test workers from building it together. pip's own wheel cache serves the dependencies
+on a rebuild. `python scripts/core_venv.py` prints the venv's python (and builds it if needed).
+
+Usage: python scripts/core_venv.py [DIR]   (default: .venv-core beside the repo's files)
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAMP = ".core-installed"
+
+
+def python_of(env: Path) -> Path:
+    return env / "bin" / "python"
+
+
+def wanted() -> str:
+    """What the venv was built from: the dependencies are read from pyproject.toml."""
+    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+
+
+def build(env: Path) -> Path:
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f"{env.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = env / STAMP
+        if stamp.is_file() and stamp.read_text() == wanted() and python_of(env).exists():
+            return python_of(env)
+        venv.EnvBuilder(clear=True, with_pip=True).create(env)
+        subprocess.run(
+            [str(python_of(env)), "-m", "pip", "install", "-q", "--no-warn-script-location", "."],
+            cwd=ROOT,
+            check=True,
+        )
+        stamp.write_text(wanted())
+    return python_of(env)
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / ".venv-core"
+    print(build(target))
