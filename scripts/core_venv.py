@@ -43,7 +43,16 @@ def build(env: Path) -> Path:
             return python_of(env)
         venv.EnvBuilder(clear=True, with_pip=True).create(env)
         subprocess.run(
-            [str(python_of(env)), "-m", "pip", "install", "-q", "--no-warn-script-location", "."],
+            [
+                str(python_of(env)),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-warn-script-location",
+                "--no-compile",
+                ".",
+            ],
             cwd=ROOT,
             check=True,
         )
