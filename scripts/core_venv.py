@@ -5,9 +5,10 @@ torch, transformers, tokenizers): code that needs one of them by accident works 
 fails on a user's machine. tests/test_core_install.py runs the CLI here, with this checkout's
 sources first on PYTHONPATH, so the installed copy of packer only pins the dependencies.
 
-Built once and reused while pyproject.toml is unchanged (the stamp holds its hash); a lock file
-keeps two test workers from building it together. pip's own wheel cache serves the dependencies
-on a rebuild. `python scripts/core_venv.py` prints the venv's python (and builds it if needed).
+Built once and reused while pyproject.toml's project table is unchanged (the stamp holds its
+hash); a lock file keeps two test workers from building it together. `--no-compile`: pip's
+byte-compiling of pyarrow, numba and llvmlite was half the build, and the tests compile only
+what they import. `python scripts/core_venv.py` prints the venv's python (and builds it if needed).
 
 Usage: python scripts/core_venv.py [DIR]   (default: .venv-core beside the repo's files)
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import subprocess
 import sys
 import venv
@@ -30,8 +32,16 @@ def python_of(env: Path) -> Path:
 
 
 def wanted() -> str:
-    """What the venv was built from: the dependencies are read from pyproject.toml."""
-    return hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    """What the venv was built from: pyproject.toml's [project] and [build-system] tables (its
+    tool settings, pytest's markers among them, change nothing installed)."""
+    text = (ROOT / "pyproject.toml").read_bytes()
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: the whole file
+        return hashlib.sha256(text).hexdigest()
+    config = tomllib.loads(text.decode())
+    tables = {k: config.get(k) for k in ("project", "build-system")}
+    return hashlib.sha256(json.dumps(tables, sort_keys=True).encode()).hexdigest()
 
 
 def build(env: Path) -> Path:

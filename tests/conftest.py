@@ -118,6 +118,13 @@ def write_arrow(path: Path, samples: list[dict], stream: bool = False) -> Path:
     return path
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test that uses the Ray `cluster` is marked `ray`: `make check` leaves such tests to
+    `make test` (`-m "not ray"`) as it leaves the `slow` ones."""
+    if "cluster" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.ray)
+
+
 def _xdist_groups(item: pytest.Item) -> list[str]:
     marks = item.iter_markers("xdist_group")
     return sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})

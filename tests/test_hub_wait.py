@@ -181,6 +181,7 @@ def test_the_hub_clients_warnings_stay_off_stderr():
     assert res.stderr == "Retrying in 1s [Retry 1/5].\na real error\nafter\n"
 
 
+@pytest.mark.slow  # 8-17 s each under load: the probes above run in `make check`
 @pytest.mark.parametrize("kind", ["refusing", "silent"])
 def test_tokenize_behind_an_unreachable_proxy_is_one_line_in_seconds(kind, tmp_path, silent_proxy):
     """The command as a user runs it: HTTPS_PROXY set, no HF_HUB_OFFLINE, an empty cache."""
