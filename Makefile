@@ -50,18 +50,19 @@ test: setup
 # planning, reading, the output contract, verify's structure checks and kernels, tokenize's
 # encoder and hub loading, the CLI's edges, errors and messages, the import layers, --help
 # against docs/cli.md, and the CLI on the core install (.venv-core). The Ray, resume, signal,
-# storage-server, export-reader and docs-page tests (and those marked `slow` or `ray`) run in
-# `make test` only, the whole suite that CI runs.
+# storage-server, export-reader and docs-page tests (and those marked `slow`, `ray` or
+# `storage`) run in `make test` only, the whole suite that CI runs.
 CHECK_MODULES := pack pack_dataset column_options repack blocks out_of_core accounting shards \
 	contract output_version stats incomplete guards direct reader_fuzz tokenize_run_files \
 	plan_cli algorithms balance mixture mix_plan mix_cli cp_pack cp_verify cp_zigzag gather \
 	verify_cli verify_kernels verify_faults verify_rejects verify_messages verify_report \
 	verify_library pairs_verify export_kernels inspect tokenize_encode hub_wait run_records \
-	storage_keys cli_edges errors messages layers help docs doc_snippets version core_install
+	cli_edges errors messages layers help docs doc_snippets version core_install
 CHECK_TESTS := $(foreach m,$(CHECK_MODULES),tests/test_$(m).py)
 
 check: setup
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "not slow and not ray" $(CHECK_TESTS)
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "not slow and not ray and not storage" \
+		$(CHECK_TESTS)
 
 lint: setup
 	$(BIN)/ruff check packer tests scripts

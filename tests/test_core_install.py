@@ -24,8 +24,6 @@ TORCH_LINE = (
     "--no-attention for the structural checks alone"
 )
 
-pytestmark = pytest.mark.xdist_group("core_install")
-
 
 @pytest.fixture(scope="session")
 def core_bin() -> Path:
@@ -50,8 +48,8 @@ def core_bin() -> Path:
 def packer(core_bin: Path, *args, cwd: Path) -> subprocess.CompletedProcess:
     """The installed `packer` command of the core virtualenv, running this checkout's code."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONHOME", "VIRTUAL_ENV")}
+    # the checkout's numba cache, as the dev stack's runs use it (the same numba version)
     env.update(PYTHONPATH=str(ROOT), PACKER_PROGRESS_INTERVAL="3600", COLUMNS="200")
-    env["NUMBA_CACHE_DIR"] = str(cwd / "numba-cache")
     return subprocess.run(
         [str(core_bin / "packer"), *map(str, args)],
         cwd=cwd,
