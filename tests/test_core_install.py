@@ -76,6 +76,30 @@ def work(core_bin, tmp_path_factory) -> Path:
     return root
 
 
+def test_packer_imports_no_click():
+    """typer (0.26 on) vendors click and installs none: an `import click` works in the dev stack
+    (ray and huggingface_hub bring it) and fails on the core install. Read with `ast`, so this
+    holds where the core virtualenv cannot be built."""
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "packer").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}"
+                for name in names
+                if name.split(".")[0] == "click"
+            ]
+    assert found == []
+
+
 def test_the_core_install_lacks_the_dev_packages(core_bin, work):
     """What the tests below rely on: none of the packages only the dev stack brings."""
     code = "import importlib.util as u, sys; print([m for m in sys.argv[1:] if u.find_spec(m)])"
