@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 DEMO_STAMP := $(DEMO_VENV)/.installed
 REAL_TOKENIZER := .whl/anthropic-0.38.0-py3-none-any.whl
 
-.PHONY: setup demo test lint format bench sample train-tiny mutation readers clean
+.PHONY: setup demo test check lint format bench sample train-tiny mutation readers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,25 @@ demo: $(DEMO_STAMP)
 
 test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
+
+# `make check`, before each commit: the tests a change most likely breaks, aimed at under 3
+# minutes on 2 cores (962 tests, 150 CPU-seconds). Packing (files, columns, repack, blocks, out of core, mixtures, CP, accounting),
+# planning, reading, the output contract, verify's structure checks and kernels, tokenize's
+# encoder and hub loading, the CLI's edges, errors and messages, the import layers, --help
+# against docs/cli.md, and the CLI on the core install (.venv-core). The Ray, resume, signal,
+# storage-server, export-reader and docs-page tests (and those marked `slow`, `ray` or
+# `storage`) run in `make test` only, the whole suite that CI runs.
+CHECK_MODULES := pack pack_dataset column_options repack blocks out_of_core accounting shards \
+	contract output_version stats incomplete guards direct reader_fuzz tokenize_run_files \
+	plan_cli algorithms balance mixture mix_plan mix_cli cp_pack cp_verify cp_zigzag gather \
+	verify_cli verify_kernels verify_faults verify_rejects verify_messages verify_report \
+	verify_library pairs_verify export_kernels inspect tokenize_encode hub_wait run_records \
+	cli_edges errors messages layers help docs doc_snippets version core_install
+CHECK_TESTS := $(foreach m,$(CHECK_MODULES),tests/test_$(m).py)
+
+check: setup
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -q -m "not slow and not ray and not storage" \
+		$(CHECK_TESTS)
 
 lint: setup
 	$(BIN)/ruff check packer tests scripts

@@ -118,6 +118,16 @@ def write_arrow(path: Path, samples: list[dict], stream: bool = False) -> Path:
     return path
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """A test that uses the Ray `cluster` is marked `ray`, one that uses the local S3 server
+    `storage`: `make check` leaves them to `make test`, as it leaves the `slow` ones."""
+    fixtures = getattr(item, "fixturenames", ())
+    if "cluster" in fixtures:
+        item.add_marker(pytest.mark.ray)
+    if "s3_server" in fixtures:  # also every test that uses `s3`
+        item.add_marker(pytest.mark.storage)
+
+
 def _xdist_groups(item: pytest.Item) -> list[str]:
     marks = item.iter_markers("xdist_group")
     return sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks})

@@ -56,12 +56,21 @@ def main(
 def _json_asked() -> bool:
     """Whether the failing command was given --json (parsed, or still on the command line when
     the options themselves were the error)."""
-    import click
-
-    ctx = click.get_current_context(silent=True)
+    ctx = _current_context()
     if ctx is not None and "json_out" in ctx.params:
         return bool(ctx.params["json_out"])
     return "--json" in sys.argv[1:]
+
+
+def _current_context():
+    """The running command's context, or None. Typer (0.26 on) vendors click as `typer._click`
+    and depends on no `click` package: the core install has none, and a `click` that another
+    package brings holds other contexts than typer's."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:  # a typer that moved its vendored click: the command line says it
+        return None
+    return get_current_context(silent=True)
 
 
 def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
@@ -290,10 +299,8 @@ def run() -> None:
     (Typer would draw a box around it; scripts that read stderr get the same shape for every
     failure this way.) Plain `packer` is no error: it prints the help on stdout, exit code 0.
     """
-    try:  # typer vendors click from 0.2x on, and its exceptions with it
-        from typer import TyperException as ClickError
-    except ImportError:
-        from click import ClickException as ClickError
+    # every error of typer's vendored click (usage errors, plain `packer`) derives from it
+    from typer import TyperException
 
     from packer.interrupts import (
         exit_after_signal,
@@ -316,7 +323,7 @@ def run() -> None:
     except KeyboardInterrupt as exc:  # in typer, before the command's own handling begins
         exiting()
         code = interrupted(isinstance(exc, Terminated)).exit_code
-    except ClickError as exc:
+    except TyperException as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # plain `packer`: the help is the answer
             typer.echo(exc.format_message())
             sys.exit(0)

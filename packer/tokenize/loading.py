@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from packer.errors import UsageError, option
@@ -59,7 +60,10 @@ def load_tokenizer(source: str):
         else:  # the hub's local cache only, where the hub cannot be reached
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=bool(unreachable))
+            with quiet_hub():
+                tokenizer = AutoTokenizer.from_pretrained(
+                    source, local_files_only=bool(unreachable)
+                )
     except Exception as e:  # OSError for a missing file or an unreachable hub, ValueError, ...
         if local.is_dir():
             raise TokenizerError(f"{name}: cannot load {source}: {one_line(e)}") from None
@@ -98,27 +102,128 @@ def generic_directory(directory: Path) -> bool:
     )
 
 
+@contextmanager
+def quiet_hub():
+    """The hub client's warnings (a line per retry of a request) kept off stderr while a hub
+    name loads: its failure becomes packer's one error line."""
+    import logging
+
+    hub = logging.getLogger("huggingface_hub")
+    before = hub.level
+    hub.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        hub.setLevel(before)
+
+
+# how long the hub may take to answer the first probe (a connection, or a proxy's answer to
+# CONNECT) before a hub name is looked up in the local cache only
+HUB_PROBE_SECONDS = 3.0
+
+
 def hub_unreachable() -> str | None:
     """Why the hub cannot be reached (then only its local cache is used), or None. Without
-    this, an offline machine waits out the hub client's retries (about a minute, printing a
-    line per retry) before failing. Behind a proxy, or with HF_HUB_OFFLINE, nothing is tried."""
-    import socket
+    this, an offline machine, or one whose proxy refuses or never answers, waits out the hub
+    client's retries (about a minute, printing a line per retry) before failing. The probe goes
+    the way the client's requests go: through the proxy the environment names for the hub's
+    address (HTTPS_PROXY, ALL_PROXY, NO_PROXY), or straight to it. With HF_HUB_OFFLINE nothing
+    is tried."""
+    import time
     from urllib.parse import urlsplit
 
     from huggingface_hub import constants
 
-    proxied = any(
-        os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-    )
-    if constants.HF_HUB_OFFLINE or proxied:
+    if constants.HF_HUB_OFFLINE:
         return None
     url = urlsplit(constants.ENDPOINT)
     port = url.port or (443 if url.scheme == "https" else 80)
+    deadline = time.monotonic() + HUB_PROBE_SECONDS
+    proxy = _proxy_for(url.scheme, url.hostname)
     try:
-        socket.create_connection((url.hostname, port), timeout=5).close()
+        if proxy is None:
+            _connect(url.hostname, port, deadline).close()
+        else:
+            _through_proxy(proxy, url.scheme, f"{url.hostname}:{port}", deadline)
     except OSError as e:
-        return f"{url.hostname}:{port}: {getattr(e, 'strerror', None) or e}"
+        where = f"{url.hostname}:{port}" if proxy is None else f"the proxy {_shown(proxy)}"
+        if isinstance(e, TimeoutError):
+            return f"{where}: no answer in {HUB_PROBE_SECONDS:g} s"
+        return f"{where}: {getattr(e, 'strerror', None) or e}"
     return None
+
+
+def _proxy_for(scheme: str, host: str | None) -> str | None:
+    """The proxy URL the environment names for `scheme://host`, as the hub's HTTP client reads
+    it: `<scheme>_proxy`, else `all_proxy`, unless NO_PROXY covers the host."""
+    import urllib.request
+
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy or (host and urllib.request.proxy_bypass_environment(host, proxies)):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _shown(proxy: str) -> str:
+    """A proxy URL without its credentials, for a message."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(proxy)
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def _connect(host, port: int, deadline: float):
+    import socket
+    import time
+
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return socket.create_connection((host, port), timeout=left)
+
+
+def _through_proxy(proxy: str, scheme: str, target: str, deadline: float) -> None:
+    """Ask an HTTP(S) proxy for `target` as the hub client would (CONNECT for an https hub, a
+    HEAD of its root for an http one) and read the status line. An answer that the client would
+    wait out or fail on (a CONNECT refused, a 407, a 5xx of a proxy that cannot reach the hub)
+    is raised as an OSError. A SOCKS proxy is only connected to."""
+    import base64
+    import ssl
+    import time
+    from urllib.parse import unquote, urlsplit
+
+    parts = urlsplit(proxy)
+    kind = parts.scheme.lower()
+    port = parts.port or {"https": 443, "http": 80}.get(kind, 1080)
+    sock = _connect(parts.hostname, port, deadline)
+    try:
+        if not kind.startswith("http"):
+            return
+        if kind == "https":
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        tunnel = scheme == "https"
+        asked = f"CONNECT {target}" if tunnel else f"HEAD http://{target}/"
+        request = f"{asked} HTTP/1.1\r\nHost: {target}\r\n"
+        if parts.username is not None:
+            user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            request += f"Proxy-Authorization: Basic {base64.b64encode(user.encode()).decode()}\r\n"
+        sock.sendall((request + "\r\n").encode("latin-1"))
+        answer = b""
+        while b"\r\n" not in answer and len(answer) < 4096:
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            chunk = sock.recv(4096)  # TimeoutError at the deadline
+            if not chunk:
+                raise ConnectionResetError("closed the connection without an answer")
+            answer += chunk
+        status = answer.split(b"\r\n", 1)[0].decode("latin-1").strip()
+        fields = status.split(" ", 2)
+        code = fields[1] if len(fields) > 1 and fields[0].startswith("HTTP/") else ""
+        failed = code.startswith("5") or code == "407" or (tunnel and not code.startswith("2"))
+        if not code.isdigit() or failed:
+            raise OSError(f"answered {status!r} to {asked}")
+    finally:
+        sock.close()
 
 
 def tokenizer_digest(source: str, tokenizer) -> str:
