@@ -33,10 +33,15 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
+def naming_flags() -> bool:
+    """Whether messages name flags now: a worker process started here asks for the same."""
+    return _FLAG_NAMES.get()
+
+
 @contextmanager
-def flag_names() -> Iterator[None]:
+def flag_names(on: bool = True) -> Iterator[None]:
     """While active, `option` gives the CLI's flags: the CLI's commands run under it."""
-    token = _FLAG_NAMES.set(True)
+    token = _FLAG_NAMES.set(on)
     try:
         yield
     finally:

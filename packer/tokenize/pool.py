@@ -20,7 +20,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from multiprocessing.pool import ExceptionWithTraceback
 
-from packer.errors import PackerError
+from packer.errors import PackerError, flag_names, naming_flags
 
 STOP_WAIT = 5.0  # seconds a terminated worker has to end before it is killed
 
@@ -29,13 +29,22 @@ class WorkerDied(PackerError):
     """A worker process ended while the run needed it (killed, out of memory, crashed)."""
 
 
-def _serve(conn, fn: Callable, initializer: Callable, initargs: tuple, inherited=()) -> None:
+def _serve(
+    conn, fn: Callable, initializer: Callable, initargs: tuple, inherited=(), flags=False
+) -> None:
     """A worker: build its state once, then run each task it is sent until told to stop.
 
     inherited: the driver's ends of the pipes, which a forked worker holds copies of; closed,
-    so that when the driver dies (even by SIGKILL) this worker's pipe reads EOF and it ends."""
+    so that when the driver dies (even by SIGKILL) this worker's pipe reads EOF and it ends.
+    flags: the driver's `naming_flags()`: a spawned worker starts without the CLI's context,
+    and its messages (built here, sent back whole) would name parameters instead of flags."""
     for end in inherited:
         end.close()
+    with flag_names(flags):
+        _serve_tasks(conn, fn, initializer, initargs)
+
+
+def _serve_tasks(conn, fn: Callable, initializer: Callable, initargs: tuple) -> None:
     try:
         initializer(*initargs)
     except BaseException as exc:
@@ -89,7 +98,9 @@ class WorkerPool:
                 forked = context.get_start_method() == "fork"
                 inherited = [*self.conns, mine] if forked else []
                 process = context.Process(
-                    target=_serve, args=(theirs, fn, initializer, initargs, inherited), daemon=True
+                    target=_serve,
+                    args=(theirs, fn, initializer, initargs, inherited, naming_flags()),
+                    daemon=True,
                 )
                 process.start()
                 theirs.close()  # the worker holds the only other end: its death reads as EOF
