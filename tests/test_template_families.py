@@ -49,7 +49,9 @@ class Spec:
     system message; `tools`: it renders tool calls and tool results; `needs_tools`: it fails
     without `tools`; `reasoning`: it may keep a reply's reasoning in the render (where it is
     found, it is a piece; where not, dropped); `first`: a chat may start with the assistant;
-    `one_call`: at most one tool call per message; `note`: decisions on the contract."""
+    `one_call`: at most one tool call per message; `cohere`: tools in Cohere's format;
+    `next_header`: where no control token ends a turn, the text the next message's header
+    begins with (the turn ends there). Decisions on the contract: comments above each entry."""
 
     G: str
     system: bool = True
@@ -59,7 +61,7 @@ class Spec:
     first: bool = True
     one_call: bool = False
     cohere: bool = False
-    note: str = ""
+    next_header: str = ""
 
 
 LLAMA3_G = "<|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -82,11 +84,12 @@ SPECS = {
     # llama.cpp's copy closes the think block of G unless enable_thinking; G's `<think>\n</think>`
     # is absent from history: the header is `<|im_start|>assistant\n`; reasoning never kept
     "qwq": Spec(CHATML_G + "<think>\n</think>", tools=True, reasoning=True),
-    "r1-distill-qwen": Spec("<｜Assistant｜><think>\n</think>", reasoning=True),
+    "r1-distill-qwen": Spec("<｜Assistant｜><think>\n</think>", reasoning=True, tools=True),
+    # renders a message's tool calls only where its content is None (not "")
     "r1-distill-llama": Spec("<｜Assistant｜><think>\n", reasoning=True),
     # writes `<think></think>` after every `<｜Assistant｜>` of history (thinking off): the
     # whole of G is the header
-    "deepseek-v3.1": Spec("<｜Assistant｜><think></think>", reasoning=True),
+    "deepseek-v3.1": Spec("<｜Assistant｜><think></think>", reasoning=True, tools=True),
     # reasoning read from `thinking`, kept for the last reply only; earlier replies end with
     # `<|end|>`, the last with `<|return|>`; renders a message's first tool call only; tool
     # results through tojson; the system prompt holds today's date (strftime_now)
@@ -94,13 +97,22 @@ SPECS = {
     # refuses a system message
     "gemma-2": Spec("<start_of_turn>model\n", system=False, first=False),
     # G's thought channel is absent from history: the header is `<|turn>model\n`
-    "gemma-4": Spec("<|turn>model\n<|channel>thought\n<channel|>", reasoning=True),
+    # tool calls, tool responses and the reply after them in one model turn, their markers plain
+    # added tokens of this vocabulary: a tool-call message ends where `<|tool_response>` begins
+    "gemma-4": Spec(
+        "<|turn>model\n<|channel>thought\n<channel|>",
+        reasoning=True,
+        tools=True,
+        next_header="<|tool_response>",
+    ),
     # appends `<|endoftext|>` once after the whole chat: never trained
     "phi-3.5": Spec("<|assistant|>\n"),
-    # G is empty: the header is empty, trained text starts at the first piece; moves the system
-    # prompt into the last user turn
-    "mistral-nemo": Spec("", first=False),
-    "mistral-small-3.2": Spec("", first=False),
+    # G is empty, so is the header: a reply begins where the turn before it ends, after the
+    # first control token that follows the previous message (`[/INST]`, `[/TOOL_RESULTS]`), so
+    # `[TOOL_CALLS]` is trained; moves the system prompt and the tools into the last user turn
+    "mistral-nemo": Spec("", first=False, tools=True),
+    "mistral-small-3.2": Spec("", first=False, tools=True),
+    # the next two render tool definitions but not an assistant message's tool calls
     "granite-3.3": Spec("<|start_of_role|>assistant<|end_of_role|>"),
     "smollm3": Spec(CHATML_G),
     "hermes-2-pro": Spec(CHATML_G, tools=True, needs_tools=True),
@@ -165,14 +177,12 @@ class Chats:
         calls, results = [], []
         for _ in range(1 if self.spec.one_call else self.rng.randint(1, 2)):
             self.n += 1
-            call_id = f"c{self.n:08d}"
-            calls.append(
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": "lookup", "arguments": {"query": self.text(1, 4)}},
-                }
-            )
+            call_id = f"c{self.n:08d}"  # Mistral's: 9 letters and digits
+            arguments = {"query": self.text(1, 4)}
+            if self.rng.random() < 0.3:  # arguments as a JSON string, as OpenAI's API gives them
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            function = {"name": "lookup", "arguments": arguments}
+            calls.append({"id": call_id, "type": "function", "function": function})
             results.append(
                 {"role": "tool", "tool_call_id": call_id, "name": "lookup", "content": self.text()}
             )
@@ -244,7 +254,10 @@ class Family:
         strings = [("content", message.get("content") or "")]
         strings.append(("reasoning", message.get("reasoning_content") or ""))
         for call in message.get("tool_calls") or []:  # the name is not unique: its argument is
-            strings.append(("call", call["function"]["arguments"]["query"]))
+            arguments = call["function"]["arguments"]
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            strings.append(("call", arguments["query"]))
         for kind, s in strings:
             if not s:
                 continue
@@ -258,7 +271,8 @@ class Family:
     def spans(self, messages, text: str, trained: set[int], reasoning=True, calls=True):
         """The contract's trained character spans of the assistant messages `trained` (indexes
         into messages), in the full render `text`."""
-        G = self.spec.G
+        spec = self.spec
+        G = spec.G
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         bounds = {a for a, _ in encoding["offset_mapping"]} | {len(text)}
         spans, after = [], 0
@@ -270,12 +284,24 @@ class Family:
                 continue
             pieces = self.pieces(message, text)
             first, last = pieces[0][1], pieces[-1][2]
-            header_end = header(text, G, after, first, bounds)
+            if G:
+                header_end = header(text, G, after, first, bounds)
+            else:  # Mistral: the message begins where the previous turn's control token ends
+                ends = [
+                    at + len(t) for t in self.specials if 0 <= (at := text.find(t, after)) < first
+                ]
+                header_end = min(ends) if ends and i else first
             hits = [(text.find(t, last), t) for t in self.specials]
             hits = [(at, t) for at, t in hits if at >= 0]
             assert hits, (self.name, "no end-of-turn token", message)
             at, token = min(hits)
             eot_start, eot_end = at, at + len(token)
+            if spec.next_header and i + 1 < len(messages):
+                # no control token before the next message's header: the turn ends there
+                following = self.pieces(messages[i + 1], text)
+                cut = text.rfind(spec.next_header, last, following[0][1]) if following else -1
+                if cut >= 0 and cut < eot_start:
+                    eot_start = eot_end = cut
             after = last
             if i not in trained:
                 continue
@@ -310,7 +336,7 @@ def header(text: str, G: str, after: int, first: int, bounds: set[int]) -> int:
     prefix of G that the render holds between `after` and `first`, ending on a token boundary
     (Qwen3.5's `<think>\n` of G meets `\n\n</think>` in history, one `\n\n` token: the
     header is `...<think>`; QwQ's `<think>` of G would otherwise match the `<` of `<tool_call>`).
-    With no such prefix (Mistral's G is empty) the trained text starts at the first piece."""
+    With no such prefix the trained text starts at the first piece."""
     for k in range(len(G), 0, -1):
         at = text.rfind(G[:k], after, first)
         while at >= 0:
@@ -440,3 +466,45 @@ def test_no_train_tool_calls(families, chats, tmp_path, name):
     rows, path = chats(name)
     samples = tokenize(family, path, tmp_path / "out", "--no-train-tool-calls")
     check(family, rows, samples, "assistant", calls=False)
+
+
+def test_phi_endoftext_never_trained(families, chats, tmp_path):
+    """Phi-3.5 appends `<|endoftext|>` once after the whole chat: the last reply's `<|end|>` is
+    trained, what follows it is not."""
+    family = families("phi-3.5")
+    rows, path = chats("phi-3.5")
+    samples = tokenize(family, path, tmp_path / "out", "--train-on", "last")
+    end, eot = family.tokenizer.convert_tokens_to_ids(["<|end|>", "<|endoftext|>"])
+    assert len(samples) == len(rows)
+    for ids, labels in samples:
+        assert ids[-1] == eot and labels[-1] == IGNORE
+        last_end = len(ids) - 1 - ids[::-1].index(end)
+        assert labels[last_end] == end
+        assert all(label == IGNORE for label in labels[last_end + 1 :])
+
+
+@pytest.mark.parametrize("form", ["thinking", "inline"])
+def test_reasoning_input_forms(families, chats, tmp_path, form):
+    """Reasoning given as `thinking` or inline `<think>…</think>` at the start of the content
+    gives the samples that `reasoning_content` gives (Qwen3 keeps the last turns' reasoning)."""
+    family = families("qwen3")
+    rows, path = chats("qwen3")
+    moved = []
+    for row in rows:
+        messages = []
+        for m in row["messages"]:
+            m = dict(m)
+            if "reasoning_content" in m:
+                reasoning = m.pop("reasoning_content")
+                if form == "thinking":
+                    m["thinking"] = reasoning
+                else:
+                    m["content"] = f"<think>{reasoning}</think>{m['content']}"
+            messages.append(m)
+        moved.append({**row, "messages": messages})
+    assert moved != rows
+    other = tmp_path / "moved.jsonl"
+    other.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in moved))
+    want = tokenize(family, path, tmp_path / "a")
+    assert tokenize(family, other, tmp_path / "b") == want
+    check(family, rows, want, "assistant")
