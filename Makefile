@@ -14,6 +14,10 @@ TORCH_INDEX ?=
 STAMP := $(VENV)/.installed
 DEMO_STAMP := $(DEMO_VENV)/.installed
 REAL_TOKENIZER := .whl/anthropic-0.38.0-py3-none-any.whl
+LLAMA_CPP_SDIST := .whl/llama_cpp_python-0.3.36.tar.gz
+LLAMA_MODELS_WHEEL := .whl/llama_models-0.3.0-py3-none-any.whl
+REAL_TEMPLATES := vendor/llama.cpp/models/.extracted
+LLAMA3_TOKENIZER := vendor/llama-models/llama3/tokenizer.model
 
 .PHONY: setup demo test check lint format bench sample train-tiny mutation readers clean
 
@@ -31,13 +35,36 @@ $(DEMO_STAMP): pyproject.toml
 	$(DEMO_VENV)/bin/pip install -q .   # the core: no torch
 	touch $(DEMO_STAMP)
 
-setup: $(STAMP) $(REAL_TOKENIZER)
+setup: $(STAMP) $(REAL_TOKENIZER) $(REAL_TEMPLATES) $(LLAMA3_TOKENIZER)
 	$(BIN)/packer warmup
 
 # a real tokenizer for tests/test_real_tokenizer.py: the anthropic 0.38.0 wheel on PyPI ships a
 # 65,000-token BPE as anthropic/tokenizer.json; the wheel is downloaded (not installed) once
 $(REAL_TOKENIZER): $(STAMP)
 	$(BIN)/pip download -q --no-deps --dest .whl anthropic==0.38.0
+
+# real chat templates and vocabularies for tests/test_template_families.py and
+# tests/test_real_vocabularies.py (tests/real_templates.py): llama.cpp's ~70 templates and its
+# vocab-only GGUF files with their expected ids, out of the llama-cpp-python 0.3.36 sdist, and
+# Meta's Llama 3 tokenizer.model, out of the llama-models 0.3.0 wheel; both downloaded (not
+# installed, not built) once, only those files extracted into vendor/ (gitignored)
+$(LLAMA_CPP_SDIST): | $(STAMP)
+	$(BIN)/pip download -q --no-deps --no-binary :all: --dest .whl llama-cpp-python==0.3.36
+
+$(LLAMA_MODELS_WHEEL): | $(STAMP)
+	$(BIN)/pip download -q --no-deps --dest .whl llama-models==0.3.0
+
+$(REAL_TEMPLATES): $(LLAMA_CPP_SDIST)
+	tar xzf $(LLAMA_CPP_SDIST) --strip-components=1 --wildcards \
+		'llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/*.jinja' \
+		'llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-*'
+	touch $(REAL_TEMPLATES)
+
+$(LLAMA3_TOKENIZER): $(LLAMA_MODELS_WHEEL)
+	mkdir -p $(dir $(LLAMA3_TOKENIZER))
+	$(BIN)/python -c "import sys, zipfile; sys.stdout.buffer.write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))" \
+		$(LLAMA_MODELS_WHEEL) llama_models/llama3/tokenizer.model > $(LLAMA3_TOKENIZER).tmp
+	mv $(LLAMA3_TOKENIZER).tmp $(LLAMA3_TOKENIZER)
 
 demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/packer pack data/sample.jsonl.gz --config configs/ctx4k.yaml --output out/demo --overwrite
