@@ -1,0 +1,116 @@
+"""A chat record → its render(s) and the character spans to train, under the mask options.
+
+`ChatMasks` joins the template (rendering, `template.py`) and the span finder (`spans.py`, whose
+docstring is the contract) with what the options ask: `train_on` (every assistant turn, or the
+last), `train_reasoning`, `train_tool_calls`, and `turns` (one sample per chat, or one per
+trained assistant turn with the chat up to it rendered whole). It says why a chat is refused:
+a piece that cannot be located, something the record lacks, or the template's own exception.
+"""
+
+from __future__ import annotations
+
+from packer.tokenize.records import RawRecordError, Record
+from packer.tokenize.spans import (
+    SpanError,
+    SpanFinder,
+    Turn,
+    check_inside,
+    check_tags,
+    tagged_turns,
+)
+from packer.tokenize.template import TemplateError, one_line
+
+
+class ChatMasks:
+    """What one template trains of a chat, under `train_on` and the `options`
+    (`train_reasoning`, `train_tool_calls`, `turns`)."""
+
+    def __init__(self, template, specials, train_on: str, options: dict):
+        self.template = template
+        self.train_on = train_on
+        self.train_reasoning = options["train_reasoning"]
+        self.train_tool_calls = options["train_tool_calls"]
+        self.turns = options["turns"]
+        t = template
+        self.finder = SpanFinder(t.render_text, t.prompt, specials, t.ends, t.openers)
+        if t.tagged:
+            check_tags(t, self.finder)
+
+    def samples(self, record: Record, index: int) -> list[tuple[str, list]]:
+        """(render, trained turns) of each sample the chat gives: one, or under
+        `turns="one-per-sample"` one per trained assistant turn (the chat up to it).
+        A trained turn: (its number among the chat's assistant turns, (start, end, closed))."""
+        messages = self.template.prepare(record.messages)
+        if self.turns == "all":
+            text, turns = self.chat_turns(messages, record.tools, index)
+            return [(text, self.trained_turns(record, turns))]
+        replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        wanted = [i for i in replies if i >= record.train_from]
+        if self.train_on == "last":
+            wanted = wanted[-1:]
+        samples = []
+        for i in wanted:
+            text, turns = self.chat_turns(messages[: i + 1], record.tools, index)
+            n = replies.index(i) + 1
+            span = turns[-1].span(self.train_reasoning, self.train_tool_calls)
+            samples.append((text, [] if span is None else [(n, span)]))
+        return samples
+
+    def chat_turns(self, messages, tools, index: int) -> tuple[str, list[Turn]]:
+        """The chat's render and its assistant turns, found in it (`spans.py`)."""
+        template = self.template
+        try:
+            text, tags = template.render_direct(messages, tools)
+            if template.tagged:
+                replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+                turns = tagged_turns(text, tags, replies)
+                check_inside(turns, self.finder.turns(messages, tools, text))
+            else:
+                turns = self.finder.turns(messages, tools, text)
+        except SpanError as e:
+            raise RawRecordError(
+                f'{e} ({template.source}; what to do: docs/tokenize.md, "When a chat is refused")',
+                index=index,
+            ) from None
+        except (TemplateError, RawRecordError):
+            raise
+        except Exception as e:  # the template's raise_exception, a jinja error on this chat
+            raise RawRecordError(self.render_failure(e, tools), index=index) from None
+        return text, turns
+
+    def render_failure(self, error: Exception, tools) -> str:
+        """Why the template fails on a chat, in words: what the record lacks, or what the
+        template refuses."""
+        import jinja2
+
+        reason = one_line(error)
+        if self.template.needs_tools and not tools:
+            return (
+                f"the chat template needs the chat's tools and the record has none ({reason}): "
+                "add a `tools` column with the tool definitions"
+            )
+        lacks = isinstance(error, (jinja2.UndefinedError, TypeError, KeyError, AttributeError))
+        if lacks:
+            return (
+                f"the chat template's render needs something this chat lacks ({reason}): give "
+                "the messages the fields the template reads (docs/tokenize.md)"
+            )
+        return f"the chat template raises on this chat: {reason}"
+
+    def trained_turns(self, record: Record, turns: list[Turn]) -> list[tuple[int, tuple]]:
+        """(turn number, (start, end, closed)) of the assistant turns that `train_on` trains;
+        a conversational prompt's turns (before `record.train_from`) are context, never
+        trained, nor is a turn the options leave nothing of."""
+        if self.train_on == "all":
+            return []
+        numbered = [
+            (n, turn) for n, turn in enumerate(turns, 1) if turn.message >= record.train_from
+        ]
+        if self.train_on == "last":
+            numbered = numbered[-1:]
+        out = []
+        for n, turn in numbered:
+            span = turn.span(self.train_reasoning, self.train_tool_calls)
+            if span is not None:
+                out.append((n, span))
+        return out
