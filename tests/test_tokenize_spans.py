@@ -345,3 +345,52 @@ def test_generation_tags_around_the_header_are_refused(family, tmp_path):
         )
     )
     assert encode(family("qwen3", chat_template=fixed), ONE)[1] == ["fine, café<|im_end|>"]
+
+
+def test_on_error_skip_encodes_a_batch_in_one_pass(tmp_path, monkeypatch):
+    """Rejected chats are left out of the same one encode_batch call (it was called again, on
+    the whole batch, once per rejected chat), and the rejects name their lines."""
+    import pyarrow.parquet as pq
+    from tokenizers_util import TEMPLATES
+
+    from packer.tokenize import worker
+    from packer.tokenize.files import RawBatch
+    from packer.tokenize.records import RawColumns
+
+    enc = Encoder(build_tokenizer(tmp_path / "tok", TEMPLATES["plain"]))
+    calls = []
+    original = enc.encode_batch
+
+    def counted(records, **kwargs):
+        calls.append(len(records))
+        return original(records, **kwargs)
+
+    monkeypatch.setattr(enc, "encode_batch", counted)
+    rows = []
+    for n in range(10):
+        reply = f"reply {n}" + (" <|im_end|>" if n % 3 == 0 else "")
+        chat = [*ONE["messages"][:1], {"role": "assistant", "content": reply}]
+        rows.append(json.dumps({"messages": chat}).encode())
+    worker.setup(None, RawColumns(), "skip", encoder=enc)
+    batch = RawBatch(0, 0, "raw.jsonl", list(range(1, 11)), rows)
+    done = worker.tokenize_batch(batch, str(tmp_path))
+    assert calls == [10]
+    assert done.samples == 6 and len(done.rejects) == 4
+    assert done.rejects[0].startswith("raw.jsonl:1: messages[1].content holds the special token")
+    assert pq.read_table(tmp_path / done.shard).num_rows == 6
+
+
+def test_one_sample_per_turn_through_a_worker(family, tmp_path):
+    import pyarrow.parquet as pq
+
+    from packer.tokenize import worker
+    from packer.tokenize.files import RawBatch
+    from packer.tokenize.records import RawColumns
+
+    enc = family("qwen3", turns="one-per-sample")
+    worker.setup(None, RawColumns(), "error", encoder=enc)
+    batch = RawBatch(
+        0, 0, "raw.jsonl", [1, 2], [json.dumps(TWO).encode(), json.dumps(ONE).encode()]
+    )
+    done = worker.tokenize_batch(batch, str(tmp_path))
+    assert done.samples == 3 and pq.read_table(tmp_path / done.shard).num_rows == 3
