@@ -14,6 +14,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 from tokenizers_util import LLAMA3_SPLIT, build_tokenizer
 
@@ -394,3 +395,67 @@ def test_one_sample_per_turn_through_a_worker(family, tmp_path):
     )
     done = worker.tokenize_batch(batch, str(tmp_path))
     assert done.samples == 3 and pq.read_table(tmp_path / done.shard).num_rows == 3
+
+
+def cli(*args, env=None):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), **(env or {})}
+    cmd = [sys.executable, "-m", "packer", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_mask_options_through_the_cli_and_the_cache(family, tmp_path):
+    """--no-train-reasoning and --turns one-per-sample reach the encoder from `tokenize` and
+    `pack`, and a pack under other options does not reuse the cache entry of the first."""
+    import pyarrow.parquet as pq
+
+    enc = family("qwen3")
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text(json.dumps(TWO) + "\n" + json.dumps(ONE) + "\n")
+    out = tmp_path / "tok"
+    done = cli("tokenize", raw, "--tokenizer", enc.source, "-o", out, "--no-train-reasoning",
+               "--turns", "one-per-sample", "--workers", 1)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = pq.read_table(next(out.glob("part-*.parquet")))
+    assert table.num_rows == 3
+    trained = [
+        pieces(enc, np.array(i), np.array(lab))
+        for i, lab in zip(table["input_ids"].to_pylist(), table["labels"].to_pylist())
+    ]
+    assert trained == [
+        ["one<|im_end|>"],
+        ["two<|im_end|>"],
+        ["<think>\n\n</think>\n\nfine, café<|im_end|>"],
+    ]
+    meta = json.loads((out / "tokenized.json").read_text())
+    assert "one-per-sample" in json.dumps(meta)
+    env = {"PACKER_CACHE_DIR": str(tmp_path / "cache")}
+    base = ["pack", raw, "--tokenizer", enc.source, "-L", 256, "--workers", 1]
+    first = cli(*base, "-o", tmp_path / "p1", env=env)
+    again = cli(*base, "-o", tmp_path / "p2", env=env)
+    other = cli(*base, "-o", tmp_path / "p3", "--turns", "one-per-sample", env=env)
+    assert first.returncode == again.returncode == other.returncode == 0, other.stderr
+    assert "reused from the cache" in again.stderr and "reused" not in other.stderr
+    refused = cli("pack", raw, "-L", 256, "-o", tmp_path / "p4", "--no-train-tool-calls")
+    assert refused.returncode == 2
+    assert "--train-tool-calls needs --tokenizer" in refused.stderr
+    bad = cli("tokenize", raw, "--tokenizer", enc.source, "-o", tmp_path / "t2", "--turns", "x")
+    assert bad.returncode == 2 and "turns" in bad.stderr
+
+
+def test_pack_dataset_takes_the_mask_options_through_an_encoder(family):
+    import pyarrow as pa
+
+    from packer import pack_dataset
+    from packer.errors import UsageError
+
+    enc = family("qwen3", turns="one-per-sample")
+    table = pa.Table.from_pylist([{"messages": TWO["messages"]}])
+    packed = pack_dataset(table, max_len=256, tokenizer=enc)
+    assert sum(len(s) for s in packed["seq_lengths"].to_pylist()) == 2
+    with pytest.raises(UsageError, match="the Encoder's own"):
+        pack_dataset(table, max_len=256, tokenizer=enc, train_on="last")

@@ -8,9 +8,15 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packer.cli.chat_options import (
+    TRAIN_ON,
+    TURNS,
+    given_mask_flag,
+    mask_options,
+    with_mask_options,
+)
 from packer.errors import InputError, UsageError, count
 
-TRAIN_ON = ("assistant", "last", "all")
 ENGINES = ("local", "ray")
 ON_ERROR = ("error", "skip")
 RAW_KEYS = (
@@ -28,13 +34,6 @@ TOKENIZER_HELP = (
     "A local tokenizer directory (save_pretrained layout; works offline) or a hub name "
     "(needs the hub)."
 )
-TEMPLATE_HELP = (
-    "A Jinja chat template file that replaces the tokenizer's. [default: the tokenizer's]"
-)
-TRAIN_ON_HELP = (
-    "Which chat tokens carry labels: every assistant turn, the last assistant turn, or all "
-    "tokens; each trained turn includes its end-of-turn token. [default: assistant]"
-)
 COLUMN_HELP = (
     "A raw column under another name, KEY=NAME (e.g. messages=dialog); KEY is one of "
     + ", ".join(RAW_KEYS)
@@ -42,17 +41,28 @@ COLUMN_HELP = (
 )
 
 
-def make_encoder(tokenizer: str, chat_template, train_on: str | None, allow_empty_mask: bool):
-    """The encoder the flags describe (errors name --tokenizer, --chat-template, --train-on)."""
+def make_encoder(
+    tokenizer: str,
+    chat_template,
+    train_on: str | None,
+    allow_empty_mask: bool,
+    options: dict | None = None,
+):
+    """The encoder the flags describe (errors name --tokenizer, --chat-template, --train-on,
+    --turns); `options`: `mask_options`."""
     from packer import arguments as A
     from packer.tokenize.encode import Encoder
 
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    if "turns" in given:
+        given["turns"] = A.choice(given["turns"], "turns", TURNS)
     return Encoder(
         tokenizer,
         chat_template=str(chat_template) if chat_template is not None else None,
         train_on=train_on,
         allow_empty_mask=allow_empty_mask,
+        **given,
     )
 
 
@@ -168,9 +178,12 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
             "--resume picks up block runs: pass --block-size or --engine ray (not with --repack "
             "or --pairs)"
         )
+    options = mask_options(params)
     if tokenizer is None:
-        if chat_template is not None or train_on is not None:
-            flag = "--chat-template" if chat_template is not None else "--train-on"
+        flag = given_mask_flag(options)
+        if chat_template is not None or train_on is not None or flag:
+            flag = "--chat-template" if chat_template is not None else flag
+            flag = "--train-on" if train_on is not None else flag
             raise UsageError(f"{flag} needs --tokenizer (INPUT holds raw chats or text)")
         return None
     if repack or cfg.pairs:
@@ -180,7 +193,7 @@ def tokenize_for_pack(inputs, output, cfg, repack: bool, params: dict) -> RawPac
     from packer.tokenize.cache import local_tokenizer_key
 
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
-    key = local_tokenizer_key(tokenizer, chat_template, train_on)
+    key = with_mask_options(local_tokenizer_key(tokenizer, chat_template, train_on), options)
     with ExitStack() as session:
         runner = session.enter_context(_runner(cfg, params.get("workers")))
 
@@ -247,7 +260,7 @@ def _tokenized(inputs, output, cfg, params: dict, key: str, resume: bool, runner
     with tokenize_progress(not json_out) as shown, warming_meanwhile(warm, shown) as progress:
         result = tokenized_input(
             inputs,
-            lambda: make_encoder(tokenizer, chat_template, train_on, False),
+            lambda: make_encoder(tokenizer, chat_template, train_on, False, mask_options(params)),
             encoder_key=key,
             workers=workers,
             memory_budget=memory_budget,
@@ -336,13 +349,16 @@ def raw_source(raw: RawPack | None):
 
 
 @contextmanager
-def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
+def retokenized(output: str, inputs, tokenizer, chat_template, train_on, options=None):
     """`verify --input RAW --tokenizer`: the raw inputs tokenized afresh into a temporary
-    directory (never the cache: the check is against a new render of the raw records), after
-    checking that the output was packed with the same encoder. Yields the inputs to verify."""
+    directory (never the cache: the check is against a new render of the raw records, its
+    spans found again by the same code), after checking that the output was packed with the
+    same encoder. Yields the inputs to verify. `options`: `mask_options`."""
     if tokenizer is None:
-        if chat_template is not None or train_on is not None:
-            flag = "--chat-template" if chat_template is not None else "--train-on"
+        flag = given_mask_flag(options)
+        if chat_template is not None or train_on is not None or flag:
+            flag = "--chat-template" if chat_template is not None else flag
+            flag = "--train-on" if train_on is not None else flag
             raise UsageError(f"{flag} needs --tokenizer (--input holds raw chats or text)")
         yield inputs
         return
@@ -354,7 +370,7 @@ def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
 
     from packer.tokenize.run import tokenize
 
-    encoder = make_encoder(tokenizer, chat_template, train_on, False)
+    encoder = make_encoder(tokenizer, chat_template, train_on, False, options)
     try:
         manifest = json.loads((Path(output) / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -362,8 +378,9 @@ def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
     packed = ((manifest.get("tokenized_from") or {}).get("encoder") or {}).get("fingerprint")
     if packed is not None and packed != encoder.fingerprint:
         raise InputError(
-            "was packed with another tokenizer, template or --train-on than --tokenizer and "
-            "--chat-template give (tokenized_from.encoder in its manifest)",
+            "was packed with another tokenizer, template or --train-on (or --train-reasoning, "
+            "--train-tool-calls, --turns) than the flags give (tokenized_from.encoder in its "
+            "manifest)",
             where=output,
         )
     tmp = Path(tempfile.mkdtemp(prefix="packer-verify-raw-"))
