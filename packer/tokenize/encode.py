@@ -239,7 +239,7 @@ class Encoder:
         plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
         chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
         prompt_ids = iter(self.tail_ids(prompts))
-        chat_spans = iter(chats)
+        chat_spans, chat_texts = iter(chats), iter(texts)
         for i, record in enumerate(records):
             if out[i] is not None:
                 continue
@@ -254,8 +254,8 @@ class Encoder:
                     for _ in range(many.get(i, 1)):  # consumed whatever fails
                         turns, encoding = next(chat_spans), next(chat_encodings)
                         alone = [next(prompt_ids) for _ in turns]
-                        samples.append((turns, encoding, alone))
-                    made = [self.chat_sample(e, t, a, i) for t, e, a in samples]
+                        samples.append((turns, encoding, alone, next(chat_texts)))
+                    made = [self.chat_sample(e, t, a, i, x) for t, e, a, x in samples]
                     out[i] = made if i in many else made[0]
             except RawRecordError as e:
                 if not skip_errors:
@@ -322,7 +322,9 @@ class Encoder:
         whole chat does exactly when its tail from there does: the check tokenizes the tail."""
         return max([0, *(text.rfind(t, 0, start) for t in self.specials)])
 
-    def chat_sample(self, encoding, turns, alone, index: int) -> tuple[np.ndarray, np.ndarray]:
+    def chat_sample(
+        self, encoding, turns, alone, index: int, text: str = ""
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
         tokenized by itself, which must be the ids before the reply. The checks read the ids as
         the Python list the encoding gives (a slice of it compares without a numpy round trip)."""
@@ -331,9 +333,11 @@ class Encoder:
         if self.train_on == "all":
             return ids, ids.copy()
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
-        for (turn, (start, end, closed), tail), prompt in zip(turns, alone):
-            first = token_at(encoding, start, index, turn, "start")
+        for (turn, (start, end, closed, shorter), tail), prompt in zip(turns, alone):
+            first, header = self.first_token(encoding, start, shorter, index, turn)
             stop = token_at(encoding, end, index, turn, "end")
+            if header is not None:  # a shorter header: its prompt tail tokenized here
+                prompt = self.chat_backend.encode(text[tail:header], add_special_tokens=False).ids
             tail = token_at(encoding, tail, index, turn, "prompt")  # a special token starts there
             if listed[tail:first] != prompt:
                 raise RawRecordError(
@@ -355,6 +359,20 @@ class Encoder:
         if not turns:  # every turn above trained at least one token
             self.empty_mask(index)
         return ids, labels
+
+    def first_token(self, encoding, start: int, shorter, index: int, turn: int):
+        """(the first trained token, None) at `start`, or where a token crosses `start`, at the
+        first of the `shorter` header ends that no token crosses: (its token, that end)."""
+        try:
+            return token_at(encoding, start, index, turn, "start"), None
+        except RawRecordError:
+            for other in shorter:
+                try:
+                    first = token_at(encoding, other, index, turn, "start")
+                except RawRecordError:
+                    continue
+                return first, other
+            raise
 
     def empty_mask(self, index: int) -> None:
         if not self.allow_empty_mask:

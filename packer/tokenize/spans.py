@@ -42,7 +42,7 @@ message; the encoder adds the chat's FILE:LINE.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 NONCE = "Qz"  # + letters: the sentinel nonce; another one is taken for a chat that holds it
 DIGITS = 5  # a sentinel is NONCE + a number of DIGITS digits: piece k opens 2k, closes 2k+1
@@ -75,17 +75,22 @@ class Turn:
     tools: int | None = None
     first: int = -1  # where its first piece starts, its last piece ends
     last: int = -1
+    shorter: tuple[int, ...] = ()  # where shorter held prefixes of G end (see `span`)
 
-    def span(self, reasoning: bool = True, tool_calls: bool = True) -> tuple[int, int, bool] | None:
-        """(start, end, closed) of the characters to train under the options; None: nothing."""
-        start, end, closed = self.start, self.end, self.closed
+    def span(self, reasoning: bool = True, tool_calls: bool = True) -> tuple | None:
+        """(start, end, closed, shorter) of the characters to train under the options; None:
+        nothing. `shorter`: the starts to try, in order, where a token of the render crosses
+        `start` (Qwen3.5's G ends `<think>\\n`, and the render's `<think>\\n\\n` is one token:
+        the header is then `<|im_start|>assistant\\n`, the longest prefix of G held that ends
+        where a token does)."""
+        start, end, closed, shorter = self.start, self.end, self.closed, self.shorter
         if not reasoning and self.reasoning:
             if self.body is None:
                 return None
-            start = self.body
+            start, shorter = self.body, ()
         if not tool_calls and self.tools is not None:
             end, closed = self.tools, False
-        return (start, end, closed) if end > start else None
+        return (start, end, closed, shorter) if end > start else None
 
 
 @dataclass
@@ -189,8 +194,14 @@ class SpanFinder:
         self.openers = frozenset(openers)
         self.longest = max(map(len, tokens), default=0)
         first = self.special.search(prompt) if self.special and prompt else None
-        # a held prefix of G must hold G's first special token (a lone "<" is no header)
-        self.least = first.end() if first else len(prompt)
+        # a held prefix of G must hold G's first special token (a lone "<" is no header), and
+        # end where G's tokens end: after a special token or a newline (QwQ's
+        # `<|im_start|>assistant\n` of `<|im_start|>assistant\n<think>\n`, not the `\n<` that
+        # `\n<tool_call>` also holds)
+        least = first.end() if first else len(prompt)
+        ends = {m.end() for m in self.special.finditer(prompt)} if self.special else set()
+        ends |= {i + 1 for i, c in enumerate(prompt) if c == "\n"}
+        self.cuts = sorted((k for k in ends | {len(prompt)} if k >= max(least, 1)), reverse=True)
 
     # ------------------------------------------------------------------ locating
 
@@ -287,7 +298,7 @@ class SpanFinder:
         turns = []
         for i in replies:
             own = by_message[i]
-            at, start = heads[i]
+            at, start, shorter = heads[i]
             end, closed = self.end_of_turn(text, placed, own, heads, i)
             for other in placed:
                 if other.message != i and start <= other.start < end:
@@ -296,7 +307,8 @@ class SpanFinder:
                         f"messages[{i}]'s reply, so the reply cannot be trained alone",
                         i,
                     )
-            turns.append(self.turn(i, own, start, end, closed, messages[i]))
+            turn = self.turn(i, own, start, end, closed, messages[i])
+            turns.append(replace(turn, shorter=shorter))
         return turns
 
     def turn(self, i: int, own: list[Piece], start, end, closed, message) -> Turn:
@@ -311,23 +323,26 @@ class SpanFinder:
         first, last = own[0].start, max(p.end for p in own)
         return Turn(i, start, end, closed, reasoning, body, tools, first, last)
 
-    def header(self, text: str, placed: list[Piece], own: list[Piece]) -> tuple[int, int]:
-        """(where the header begins, where it ends) for the message whose pieces are `own`."""
+    def header(self, text: str, placed: list[Piece], own: list[Piece]) -> tuple:
+        """(where the header begins, where it ends, where shorter held prefixes of G end) for
+        the message whose pieces are `own`."""
         first = own[0].start
         i = own[0].message
         low = max((p.end for p in placed if p.message != i and p.end <= first), default=0)
         prompt = self.prompt
-        for k in range(len(prompt), max(self.least, 1) - 1, -1):
+        for k in self.cuts:
             at = text.rfind(prompt[:k], low, first)
             if at >= 0 and not self.inside_special(text, at + k):
-                return at, at + k
+                # only whole lines of G: never a header cut inside the role's line
+                shorter = tuple(at + c for c in self.cuts if c < k and prompt[c - 1] == "\n")
+                return at, at + k, shorter
         if self.special is not None:
             held = [m for m in self.special.finditer(text, low, first)]
             while held and held[-1].group() in self.openers:
                 held.pop()  # written by the model: Mistral's [TOOL_CALLS]
             if held:
-                return held[-1].start(), held[-1].end()
-        return first, first
+                return held[-1].start(), held[-1].end(), ()
+        return first, first, ()
 
     def inside_special(self, text: str, at: int) -> bool:
         """Whether `at` falls inside a special token of the render (G's `<｜Assistant｜><`
@@ -343,7 +358,7 @@ class SpanFinder:
         last = max(own, key=lambda p: p.end)
         after = last.end
         later = [p.start for p in placed if p.message != i and p.start >= after]
-        headers = [at for m, (at, _) in heads.items() if m != i and at >= after]
+        headers = [at for m, (at, *_) in heads.items() if m != i and at >= after]
         limit = min([*later, *headers, len(text)])
         if self.special is not None:
             found = None

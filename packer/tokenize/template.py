@@ -246,7 +246,9 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 def plain_chat(messages) -> list[dict]:
     """The messages as transformers hands them to a template: plain JSON values (a fresh copy),
-    reasoning under each of its names."""
+    reasoning under each of its names. A reply of tool calls without text has `content` "" (as
+    most templates expect; the R1-Distill-Llama template writes tool calls only for a null
+    content, and such chats are refused: it does not render their tool calls)."""
     chat = []
     for message in messages:
         message = plain(message)
