@@ -437,6 +437,8 @@ def record_texts(record: Record):
             else:
                 for j, part in enumerate(content):
                     yield f"messages[{i}].content[{j}].text", part["text"]
+            if len(message) == 2:  # role and content: nothing else to check
+                continue
             for key in ("reasoning_content", "thinking"):
                 if isinstance(message.get(key), str):
                     yield f"messages[{i}].{key}", message[key]

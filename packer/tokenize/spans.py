@@ -42,7 +42,7 @@ message; the encoder adds the chat's FILE:LINE.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 NONCE = "Qz"  # + letters: the sentinel nonce; another one is taken for a chat that holds it
 DIGITS = 5  # a sentinel is NONCE + a number of DIGITS digits: piece k opens 2k, closes 2k+1
@@ -110,17 +110,20 @@ class Marker:
         self.pieces: list[Piece] = []
 
     def wrap(self, text: str, message: int, kind: str, exact: bool = True) -> str:
-        core = text.strip()
-        if not core:
+        k = 2 * len(self.pieces)
+        nonce = self.nonce
+        if text[:1].isspace() or text[-1:].isspace():
+            core = text.strip()
+            if not core:
+                return text
+            self.pieces.append(Piece(message, kind, exact=exact))
+            lead = text[: len(text) - len(text.lstrip())]
+            trail = text[len(text.rstrip()) :]
+            return f"{lead}{nonce}{k:05d}{core}{nonce}{k + 1:05d}{trail}"
+        if not text:
             return text
-        k = len(self.pieces)
         self.pieces.append(Piece(message, kind, exact=exact))
-        lead = text[: len(text) - len(text.lstrip())]
-        trail = text[len(text.rstrip()) :]
-        return f"{lead}{self.mark(2 * k)}{core}{self.mark(2 * k + 1)}{trail}"
-
-    def mark(self, n: int) -> str:
-        return f"{self.nonce}{n:0{DIGITS}d}"
+        return f"{nonce}{k:05d}{text}{nonce}{k + 1:05d}"
 
     def message(self, i: int, message: dict) -> dict:
         out = dict(message)
@@ -192,6 +195,7 @@ class SpanFinder:
         self.special = re.compile("|".join(map(re.escape, tokens))) if tokens else None
         self.ends = frozenset(ends)
         self.openers = frozenset(openers)
+        self.patterns: dict = {}
         self.longest = max(map(len, tokens), default=0)
         first = self.special.search(prompt) if self.special and prompt else None
         # a held prefix of G must hold G's first special token (a lone "<" is no header), and
@@ -212,6 +216,11 @@ class SpanFinder:
             nonce = NONCE + "".join(chr(ord("a") + int(d)) for d in str(n)) + "x"
         return nonce
 
+    def pattern(self, nonce: str):
+        if nonce not in self.patterns:
+            self.patterns[nonce] = re.compile(re.escape(nonce) + rf"(\d{{{DIGITS}}})")
+        return self.patterns[nonce]
+
     def locate(self, messages, tools, text: str, only=None) -> list[Piece] | None:
         """The pieces of `messages` (of those in `only`) in `text`, or None where the sentinel
         render, its sentinels removed, is not `text`."""
@@ -222,16 +231,14 @@ class SpanFinder:
         if not marker.pieces:
             return []
         marked = self.render(chat, tools)
-        pattern = re.compile(re.escape(marker.nonce) + rf"(\d{{{DIGITS}}})")
-        parts, seen, last, removed = [], {}, 0, 0
-        for found in pattern.finditer(marked):
-            parts.append(marked[last : found.start()])
-            seen.setdefault(int(found.group(1)), []).append(found.start() - removed)
-            removed += found.end() - found.start()
-            last = found.end()
-        parts.append(marked[last:])
-        if "".join(parts) != text:
+        parts = self.pattern(marker.nonce).split(marked)  # text, number, text, number, ...
+        if "".join(parts[::2]) != text:
             return None
+        seen: dict[int, list[int]] = {}
+        at = 0
+        for j in range(1, len(parts), 2):
+            at += len(parts[j - 1])
+            seen.setdefault(int(parts[j]), []).append(at)
         for k, piece in enumerate(marker.pieces):
             opened, closed = seen.get(2 * k, []), seen.get(2 * k + 1, [])
             if not opened and not closed:
@@ -307,11 +314,10 @@ class SpanFinder:
                         f"messages[{i}]'s reply, so the reply cannot be trained alone",
                         i,
                     )
-            turn = self.turn(i, own, start, end, closed, messages[i])
-            turns.append(replace(turn, shorter=shorter))
+            turns.append(self.turn(i, own, start, end, closed, messages[i], shorter))
         return turns
 
-    def turn(self, i: int, own: list[Piece], start, end, closed, message) -> Turn:
+    def turn(self, i: int, own: list[Piece], start, end, closed, message, shorter) -> Turn:
         kinds = [p.kind for p in own]
         reasoning = "reasoning" in kinds
         body = next((p.start for p in own if p.kind != "reasoning"), None) if reasoning else None
@@ -321,7 +327,7 @@ class SpanFinder:
             tools = own[first - 1].end if first else start
             tools = max(tools, start)
         first, last = own[0].start, max(p.end for p in own)
-        return Turn(i, start, end, closed, reasoning, body, tools, first, last)
+        return Turn(i, start, end, closed, reasoning, body, tools, first, last, shorter)
 
     def header(self, text: str, placed: list[Piece], own: list[Piece]) -> tuple:
         """(where the header begins, where it ends, where shorter held prefixes of G end) for
