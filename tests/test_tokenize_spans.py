@@ -54,7 +54,7 @@ FAMILIES = {  # name: (template file, special tokens, eos, bos)
         "<|begin_of_text|>",
     ),
     "qwen3": ("Qwen-Qwen3-0.6B.jinja", CHATML, "<|im_end|>", None),
-    "qwen3.5": ("Qwen3.5-4B.jinja", CHATML, "<|im_end|>", None),
+    "qwen3.5": ("Qwen3.5-4B.jinja", [*CHATML, "<think>", "</think>"], "<|im_end|>", None),
     "gpt-oss": (
         "openai-gpt-oss-120b.jinja",
         ["<|startoftext|>", "<|endoftext|>", "<|start|>", "<|end|>", "<|message|>"]
@@ -269,11 +269,10 @@ def test_qwen3_options_reasoning_tool_calls_and_one_sample_per_turn(family):
 def test_qwen35_header_ends_where_a_token_ends(family):
     """Qwen3.5's generation prompt ends `<think>\\n`, and its render's `<think>\\n\\n` makes one
     `\\n\\n` token: the header is the longest held prefix of it that ends where a token ends,
-    `<|im_start|>assistant\\n`, and the empty think block is trained (as Qwen3's). A reply with
-    reasoning holds the whole G: its header ends after `<think>\\n`."""
+    `...<think>`. A reply with reasoning holds the whole G: its header ends after `<think>\\n`."""
     enc = family("qwen3.5")
     assert enc.template.prompt == "<|im_start|>assistant\n<think>\n"
-    assert encode(enc, ONE)[1] == ["<think>\n\n</think>\n\nfine, café<|im_end|>"]
+    assert encode(enc, ONE)[1] == ["\n\n</think>\n\nfine, café<|im_end|>"]
     text, trained = encode(enc, TWO)  # with reasoning, `<think>\\n` is the header's: G holds it
     assert trained == ["one<|im_end|>", "think 2\n</think>\n\ntwo<|im_end|>"]
 

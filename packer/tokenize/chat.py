@@ -25,14 +25,14 @@ class ChatMasks:
     """What one template trains of a chat, under `train_on` and the `options`
     (`train_reasoning`, `train_tool_calls`, `turns`)."""
 
-    def __init__(self, template, specials, train_on: str, options: dict):
+    def __init__(self, template, specials, train_on: str, options: dict, added=()):
         self.template = template
         self.train_on = train_on
         self.train_reasoning = options["train_reasoning"]
         self.train_tool_calls = options["train_tool_calls"]
         self.turns = options["turns"]
         t = template
-        self.finder = SpanFinder(t.render_text, t.prompt, specials, t.ends, t.openers)
+        self.finder = SpanFinder(t.render_text, t.prompt, specials, t.ends, t.openers, added)
         if t.tagged:
             check_tags(t, self.finder)
 
@@ -52,8 +52,8 @@ class ChatMasks:
         for i in wanted:
             text, turns = self.chat_turns(messages[: i + 1], record.tools, index)
             n = replies.index(i) + 1
-            span = turns[-1].span(self.train_reasoning, self.train_tool_calls)
-            samples.append((text, [] if span is None else [(n, span)]))
+            spans = turns[-1].spans(self.train_reasoning, self.train_tool_calls)
+            samples.append((text, [(n, span) for span in spans]))
         return samples
 
     def chat_turns(self, messages, tools, index: int) -> tuple[str, list[Turn]]:
@@ -110,7 +110,5 @@ class ChatMasks:
             numbered = numbered[-1:]
         out = []
         for n, turn in numbered:
-            span = turn.span(self.train_reasoning, self.train_tool_calls)
-            if span is not None:
-                out.append((n, span))
+            out += [(n, span) for span in turn.spans(self.train_reasoning, self.train_tool_calls)]
         return out

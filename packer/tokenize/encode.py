@@ -105,7 +105,10 @@ class Encoder:
         self.specials = special_tokens(self.tokenizer)
         self.masks = None
         if self.template is not None:
-            self.masks = ChatMasks(self.template, self.specials, self.train_on, self.mask_options)
+            added = [t.content for t in self.tokenizer.added_tokens_decoder.values()]
+            self.masks = ChatMasks(
+                self.template, self.specials, self.train_on, self.mask_options, added
+            )
         self.special_ids = frozenset(self.tokenizer.convert_tokens_to_ids(self.specials))
         self.control = control_pattern(self.tokenizer)
         # the chat renders are tokenized without the post-processor, whose offsets can skip the

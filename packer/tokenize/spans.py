@@ -75,22 +75,28 @@ class Turn:
     tools: int | None = None
     first: int = -1  # where its first piece starts, its last piece ends
     last: int = -1
-    shorter: tuple[int, ...] = ()  # where shorter held prefixes of G end (see `span`)
+    shorter: tuple[int, ...] = ()  # where shorter held prefixes of G end (see `spans`)
+    eot: int | None = None  # where its end-of-turn token starts (when `closed`)
+    text_calls: bool = False  # a piece other than reasoning precedes its tool calls
 
-    def span(self, reasoning: bool = True, tool_calls: bool = True) -> tuple | None:
-        """(start, end, closed, shorter) of the characters to train under the options; None:
-        nothing. `shorter`: the starts to try, in order, where a token of the render crosses
-        `start` (Qwen3.5's G ends `<think>\\n`, and the render's `<think>\\n\\n` is one token:
-        the header is then `<|im_start|>assistant\\n`, the longest prefix of G held that ends
-        where a token does)."""
+    def spans(self, reasoning: bool = True, tool_calls: bool = True) -> list[tuple]:
+        """(start, end, closed, shorter) of each run of characters to train under the options
+        (none, one, or under `tool_calls=False` the text before the calls and the end-of-turn
+        token). `shorter`: the starts to try, in order, where a token of the render crosses
+        `start` (Qwen3.5's G ends `<think>\\n`, and its render's `<think>\\n\\n` ends in one
+        `\\n\\n` token: the header is then the longest prefix of G held that ends where a token
+        does, `...<think>`)."""
         start, end, closed, shorter = self.start, self.end, self.closed, self.shorter
+        eot = self.eot if self.eot is not None else end
         if not reasoning and self.reasoning:
-            if self.body is None:
-                return None
-            start, shorter = self.body, ()
+            start, shorter = (eot if self.body is None else self.body), ()
         if not tool_calls and self.tools is not None:
-            end, closed = self.tools, False
-        return (start, end, closed, shorter) if end > start else None
+            cut = max(start, self.tools)
+            runs = [(start, cut, False, shorter)]
+            if self.text_calls or cut > start:
+                runs.append((eot, end, closed, ()))
+            return [r for r in runs if r[1] > r[0]]
+        return [(start, end, closed, shorter)] if end > start else []
 
 
 @dataclass
@@ -188,7 +194,7 @@ class SpanFinder:
     tokens; `ends` the special tokens the template writes after a reply (for a tool call whose
     arguments' end cannot be marked)."""
 
-    def __init__(self, render, prompt: str, specials, ends=(), openers=()):
+    def __init__(self, render, prompt: str, specials, ends=(), openers=(), added=()):
         self.render = render
         self.prompt = prompt
         tokens = sorted((t for t in specials if t), key=len, reverse=True)
@@ -205,7 +211,10 @@ class SpanFinder:
         least = first.end() if first else len(prompt)
         ends = {m.end() for m in self.special.finditer(prompt)} if self.special else set()
         ends |= {i + 1 for i, c in enumerate(prompt) if c == "\n"}
+        ends |= {prompt.find(t) + len(t) for t in added if t and t in prompt}  # `<think>`
         self.cuts = sorted((k for k in ends | {len(prompt)} if k >= max(least, 1)), reverse=True)
+        # where a token crosses the header's end, it may end earlier, but past the role's line
+        self.line = prompt.find("\n") + 1 if "\n" in prompt else len(prompt) + 1
 
     # ------------------------------------------------------------------ locating
 
@@ -306,7 +315,7 @@ class SpanFinder:
         for i in replies:
             own = by_message[i]
             at, start, shorter = heads[i]
-            end, closed = self.end_of_turn(text, placed, own, heads, i)
+            end, closed, eot = self.end_of_turn(text, placed, own, heads, i)
             for other in placed:
                 if other.message != i and start <= other.start < end:
                     raise SpanError(
@@ -314,20 +323,23 @@ class SpanFinder:
                         f"messages[{i}]'s reply, so the reply cannot be trained alone",
                         i,
                     )
-            turns.append(self.turn(i, own, start, end, closed, messages[i], shorter))
+            turns.append(self.turn(i, own, start, (end, closed, eot), messages[i], shorter))
         return turns
 
-    def turn(self, i: int, own: list[Piece], start, end, closed, message, shorter) -> Turn:
+    def turn(self, i: int, own: list[Piece], start, ends, message, shorter) -> Turn:
+        end, closed, eot = ends
         kinds = [p.kind for p in own]
         reasoning = "reasoning" in kinds
         body = next((p.start for p in own if p.kind != "reasoning"), None) if reasoning else None
-        tools = None
+        tools, text_calls = None, False
         if "tool" in kinds:
             first = kinds.index("tool")
-            tools = own[first - 1].end if first else start
-            tools = max(tools, start)
+            tools = max(own[first - 1].end if first else start, start)
+            text_calls = any(k not in ("tool", "reasoning") for k in kinds[:first])
         first, last = own[0].start, max(p.end for p in own)
-        return Turn(i, start, end, closed, reasoning, body, tools, first, last, shorter)
+        return Turn(
+            i, start, end, closed, reasoning, body, tools, first, last, shorter, eot, text_calls
+        )
 
     def header(self, text: str, placed: list[Piece], own: list[Piece]) -> tuple:
         """(where the header begins, where it ends, where shorter held prefixes of G end) for
@@ -339,8 +351,7 @@ class SpanFinder:
         for k in self.cuts:
             at = text.rfind(prompt[:k], low, first)
             if at >= 0 and not self.inside_special(text, at + k):
-                # only whole lines of G: never a header cut inside the role's line
-                shorter = tuple(at + c for c in self.cuts if c < k and prompt[c - 1] == "\n")
+                shorter = tuple(at + c for c in self.cuts if self.line <= c < k)
                 return at, at + k, shorter
         if self.special is not None:
             held = [m for m in self.special.finditer(text, low, first)]
@@ -360,7 +371,8 @@ class SpanFinder:
                 return True
         return False
 
-    def end_of_turn(self, text, placed, own, heads: dict, i: int) -> tuple[int, bool]:
+    def end_of_turn(self, text, placed, own, heads: dict, i: int) -> tuple:
+        """(where the turn ends, whether a special token ends it, where that token starts)."""
         last = max(own, key=lambda p: p.end)
         after = last.end
         later = [p.start for p in placed if p.message != i and p.start >= after]
@@ -370,13 +382,13 @@ class SpanFinder:
             found = None
             for found in self.special.finditer(text, after, limit):
                 if last.exact or not self.ends or found.group() in self.ends:
-                    return found.end(), True
+                    return found.end(), True, found.start()
             if found is not None:  # an inexact end and none of the usual end tokens
                 first = self.special.search(text, after, limit)
-                return first.end(), True
+                return first.end(), True, first.start()
         if limit == len(text) or limit in headers:
-            return limit, False
-        return after, False
+            return limit, False, None
+        return after, False, None
 
 
 def check_dropped(messages, pieces: list[Piece]) -> None:
