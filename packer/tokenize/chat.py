@@ -15,7 +15,6 @@ from packer.tokenize.spans import (
     SpanFinder,
     Turn,
     check_inside,
-    check_tags,
     tagged_turns,
 )
 from packer.tokenize.template import TemplateError, one_line
@@ -112,3 +111,28 @@ class ChatMasks:
         for n, turn in numbered:
             out += [(n, span) for span in turn.spans(self.train_reasoning, self.train_tool_calls)]
         return out
+
+
+def check_tags(template, finder: SpanFinder) -> None:
+    """A template whose `{% generation %}` block holds the role header would train it: refused
+    once, on a probe chat."""
+    from packer.errors import option
+    from packer.tokenize.template import PROBE, PROBE_TOOL
+
+    chat = template.prepare(
+        [{"role": "user", "content": "hi"}, {"role": "assistant", "content": PROBE}]
+    )
+    tools = [PROBE_TOOL] if template.needs_tools else None
+    text, spans = template.render(chat, tools)
+    if not spans:
+        return
+    start = int(spans[-1][0])
+    turn = finder.turns(chat, tools, text)[-1]
+    if start < turn.start:
+        header = text[start : turn.start]
+        raise TemplateError(
+            f"{option('chat_template')}: {template.source}'s {{% generation %}} block holds "
+            f"the assistant's role header ({header!r}), which would be trained: move "
+            "{% generation %} after the header",
+            usage=True,
+        )

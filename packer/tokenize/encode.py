@@ -325,10 +325,8 @@ class Encoder:
         whole chat does exactly when its tail from there does: the check tokenizes the tail."""
         return max([0, *(text.rfind(t, 0, start) for t in self.specials)])
 
-    def chat_sample(
-        self, encoding, turns, alone, index: int, text: str = ""
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
+    def chat_sample(self, encoding, turns, alone, index: int, text: str = ""):
+        """(ids, labels) for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
         tokenized by itself, which must be the ids before the reply. The checks read the ids as
         the Python list the encoding gives (a slice of it compares without a numpy round trip)."""
         listed = encoding.ids
