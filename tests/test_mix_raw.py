@@ -57,7 +57,7 @@ def test_a_raw_mixture_names_its_raw_sources_and_equals_the_two_step_path(
         [{"format": "jsonl", "path": str(texts)}],
     ]
     assert [s["cache"] for s in raw["sources"]] == [s["tokenized"] for s in sources]
-    assert raw["encoder"]["mask_method"] == "prefix-rendering"
+    assert raw["encoder"]["mask_method"] == "full-render"
     # two steps: each source tokenized, then the tokenized sources mixed: the same shards
     for name, path in (("tc", chats), ("tt", texts)):
         res = cli("tokenize", path, "--tokenizer", tokenizer, "-o", tmp_path / name)

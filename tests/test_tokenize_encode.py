@@ -158,8 +158,7 @@ def test_chat_trains_each_reply_and_its_end_of_turn(encoders, name):
     )
     assert trained(enc, ids, labels) == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"
     assert (
-        enc.describe()["mask_method"]
-        == {"tagged": "generation-tags", "plain": "prefix-rendering"}[name]
+        enc.describe()["mask_method"] == {"tagged": "generation-tags", "plain": "full-render"}[name]
     )
 
 
@@ -207,17 +206,17 @@ def chat_with_reasoning(turns: int) -> list[dict]:
     return chat
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused_naming_the_chat(toks):
+def test_a_template_that_rewrites_earlier_turns_trains_its_full_render(toks):
+    """Like Qwen3, the template keeps only the last turn's reasoning: each turn is trained as
+    the full render holds it (prefix rendering refused such a template)."""
     enc = Encoder(toks["reasoning"])
-    ok = to_record({"messages": chat_with_reasoning(1)})
-    ids, labels = enc.encode_batch([ok])[0]  # one turn: its reasoning is rendered both times
+    one = to_record({"messages": chat_with_reasoning(1)})
+    ids, labels = enc.encode_batch([one])[0]
     assert trained(enc, ids, labels) == f"<think>\nhmm\n</think>\n\nanswer 0{EOT}"
-    with pytest.raises(TemplateError) as info:
-        enc.encode_batch([ok, ok, to_record({"messages": chat_with_reasoning(2)})])
-    assert info.value.index == 2 and info.value.exit_code == 1
-    message = str(info.value)
-    assert "renders the turns before messages[1] differently" in message and "\n" not in message
-    assert "generation" in message
+    ids, labels = enc.encode_batch([to_record({"messages": chat_with_reasoning(2)})])[0]
+    text = enc.tokenizer.decode(ids.tolist())
+    assert text.count("<think>") == 1 and "answer 0" in text
+    assert trained(enc, ids, labels) == f"answer 0{EOT}<think>\nhmm\n</think>\n\nanswer 1{EOT}"
 
 
 def tagged_without_end_of_turn() -> str:
@@ -330,7 +329,7 @@ def test_template_with_no_special_token_after_a_reply_is_refused(toks, tmp_path)
     [
         (None, "cannot read"),
         ("{% for %}", "fails on a two-turn chat"),
-        ("{{ raise_exception('no') }}", "fails on a two-turn chat: no"),
+        ("{{ raise_exception('no') }}", "fails on a two-turn chat (the template raises): no"),
     ],
 )
 def test_bad_template_files_name_the_option(toks, tmp_path, content, message):
@@ -402,7 +401,7 @@ def test_text_parts_are_joined_for_a_template_that_renders_strings_only(encoders
 
 
 def test_tool_calls_with_a_template_that_ignores_them_are_refused(encoders):
-    with pytest.raises(RawRecordError, match="has tool calls and .* does not render them"):
+    with pytest.raises(RawRecordError, match=r"does not render messages\[1\]'s tool calls"):
         encode_one(encoders["plain"], {"messages": TOOL_CHAT})
 
 
@@ -582,22 +581,25 @@ def test_an_unreachable_hub_fails_at_once_in_one_line(monkeypatch):
 
 
 def test_a_template_that_drops_a_message_is_caught(toks, tmp_path):
-    template = tmp_path / "t.jinja"  # system prompts are left out
-    template.write_text(
-        TEMPLATES["plain"].replace(
-            "{%- for message in messages %}",
-            "{%- for message in messages if message['role'] != 'system' %}",
+    """A template that leaves a user message out is refused on the chat; one that leaves the
+    system prompt out (as Mistral-Nemo's does in a chat that ends with a reply) is what the
+    template renders, and trains the same replies."""
+    for role, refused in (("user", True), ("system", False)):
+        template = tmp_path / f"no-{role}.jinja"
+        template.write_text(
+            TEMPLATES["plain"].replace(
+                "{%- for message in messages %}",
+                f"{{%- for message in messages if message['role'] != '{role}' %}}",
+            )
         )
-    )
-    enc = Encoder(toks["bare"], chat_template=template)
-    with pytest.raises(
-        RawRecordError, match=r"does not render messages\[0\]'s content in the render"
-    ):
-        encode_one(enc, {"messages": CHAT})
-    assert (
-        trained(enc, *encode_one(enc, {"messages": CHAT[1:]}))
-        == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"
-    )
+        enc = Encoder(toks["bare"], chat_template=template)
+        if refused:
+            with pytest.raises(RawRecordError, match=r"does not render messages\[1\]'s content \("):
+                encode_one(enc, {"messages": CHAT})
+            continue
+        ids, labels = encode_one(enc, {"messages": CHAT})
+        assert "be brief" not in enc.tokenizer.decode(ids.tolist())
+        assert trained(enc, ids, labels) == f"fine, café ☕{EOT}it is 4\nsee: 2 + 2 = 4{EOT}"
 
 
 def test_generation_tags_around_the_wrong_text_are_caught(toks, tmp_path):
@@ -609,7 +611,7 @@ def test_generation_tags_around_the_wrong_text_are_caught(toks, tmp_path):
         )
     )
     enc = Encoder(toks["bare"], chat_template=template)
-    with pytest.raises(RawRecordError, match=r"messages\[2\]'s content in its trained span"):
+    with pytest.raises(RawRecordError, match=r"block for messages\[2\] does not hold its reply"):
         encode_one(enc, {"messages": CHAT})
 
 
@@ -622,7 +624,7 @@ def test_a_template_that_raises_on_a_chat_names_the_chat(toks, tmp_path):
     records = [to_record({"messages": CHAT}), to_record({"messages": chat})]
     with pytest.raises(RawRecordError) as info:
         enc.encode_batch(records)
-    assert str(info.value) == "the chat template fails on this chat: roles must alternate"
+    assert str(info.value) == "the chat template raises on this chat: roles must alternate"
     assert info.value.index == 1
 
 
@@ -690,24 +692,28 @@ def test_a_tokenizer_json_directory_loads_without_torch(toks, tmp_path):
 
 
 @pytest.mark.parametrize("on_error", ["error", "skip"])
-def test_a_refused_template_names_the_file_and_line_through_the_cli(toks, tmp_path, on_error):
-    """A template refused inside a worker (it rewrites earlier turns) names the chat's FILE:LINE
-    like every other bad record: one line, exit 1, nothing written, whatever --on-error says."""
+def test_a_chat_whose_reply_cannot_be_located_names_the_file_and_line(toks, tmp_path, on_error):
+    """A template that cuts a reply (here to 30 characters) writes it other than whole: the
+    chat is refused in one line naming its FILE:LINE and the message, inside a worker, like
+    every other bad record (exit 1, nothing written; `--on-error skip` leaves it out)."""
     import json
     import os
     import subprocess
     import sys
     from pathlib import Path
 
+    template = tmp_path / "cut.jinja"
+    template.write_text(TEMPLATES["plain"].replace("message['content']", "message['content'][:30]"))
+    long = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the oil " * 6}]
     rows = [{"text": "the oil"}, {"messages": chat_with_reasoning(1)}]
-    rows += [{"messages": chat_with_reasoning(2)}, {"text": "the water"}]
+    rows += [{"messages": long}, {"text": "the water"}]
     raw = tmp_path / "raw.jsonl"
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     root = str(Path(__file__).resolve().parents[1])
     env = {**os.environ, "PYTHONPATH": root, "PACKER_CACHE_DIR": str(tmp_path / "cache")}
-    args = ["pack", raw, "--tokenizer", toks["reasoning"], "-L", 512, "-o", out]
-    args += ["--workers", 2, "--on-error", on_error]
+    args = ["pack", raw, "--tokenizer", toks["bare"], "--chat-template", template, "-L", 512]
+    args += ["-o", out, "--workers", 2, "--on-error", on_error]
     done = subprocess.run(
         [sys.executable, "-m", "packer", *map(str, args)],
         capture_output=True,
@@ -715,11 +721,17 @@ def test_a_refused_template_names_the_file_and_line_through_the_cli(toks, tmp_pa
         env=env,
         timeout=300,
     )
-    assert done.returncode == 1
-    assert done.stderr.startswith(f"error: {raw}:3: the chat template renders the turns before")
-    assert len(done.stderr.splitlines()) == 1, done.stderr
-    assert not out.exists()
-    assert not [p.name for p in tmp_path.iterdir() if ".packer-" in p.name]
+    expected = f"{raw}:3: the chat template renders messages[1] differently once its text"
+    if on_error == "error":
+        assert done.returncode == 1
+        assert done.stderr.startswith(f"error: {expected}"), done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert not out.exists()
+        assert not [p.name for p in tmp_path.iterdir() if ".packer-" in p.name]
+    else:
+        assert done.returncode == 0, done.stderr
+        assert "4 lines into 3 samples" in done.stderr and "1 rejected" in done.stderr
+        assert (out / "manifest.json").exists()
 
 
 def test_a_render_that_ends_with_the_last_reply_trains_it_to_the_end(toks, tmp_path):

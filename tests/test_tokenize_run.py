@@ -202,7 +202,7 @@ def test_one_step_and_two_step_packs_are_byte_identical(cli, tokenizer, tmp_path
     source = manifest["tokenized_from"]
     tokenized = json.loads((tmp_path / "tok" / "tokenized.json").read_text())
     assert source["encoder"] == tokenized["encoder"]
-    assert source["encoder"]["mask_method"] == "prefix-rendering"
+    assert source["encoder"]["mask_method"] == "full-render"
     assert source["inputs"] == [{"format": "jsonl", "path": str(raw)}]
     res = cli("verify", tmp_path / "one", "--no-attention")
     assert res.exit_code == 0, res.stderr

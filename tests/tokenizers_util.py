@@ -18,6 +18,11 @@ import random
 from pathlib import Path
 
 EOS = "<|endoftext|>"
+# Llama 3's pre-tokenizer regex (tokenizer.json of Llama-3.1): newlines stay together
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 EOT = "<|im_end|>"
 SPECIALS = [EOS, "<|im_start|>", EOT]
 
@@ -91,17 +96,37 @@ def generated_chat(rng: random.Random, turns: int | None = None) -> list[dict]:
     return messages
 
 
-def build_tokenizer(path: Path, template: str | None, *, vocab_size: int = 600) -> Path:
-    """Train a byte-level BPE on generated text and save it with `template` to `path`."""
+def build_tokenizer(
+    path: Path,
+    template: str | None,
+    *,
+    vocab_size: int = 600,
+    specials: list[str] | None = None,
+    eos: str = EOS,
+    bos: str | None = None,
+    split: str | None = None,
+) -> Path:
+    """Train a byte-level BPE on generated text and save it with `template` to `path`;
+    `specials` (ChatML's by default) are its special tokens, `eos` and `bos` among them;
+    `split`: a pre-tokenizer regex in place of GPT-2's (Llama 3's keeps "\\n\\n" whole)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split is not None:
+        from tokenizers import Regex
+
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIALS,
+        special_tokens=specials or SPECIALS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -109,7 +134,8 @@ def build_tokenizer(path: Path, template: str | None, *, vocab_size: int = 600) 
     corpus = [sentence(rng, 5, 30) for _ in range(400)]
     corpus += [sentence(rng) + "\n\n " + sentence(rng) for _ in range(200)]  # "\n\n": a token
     tok.train_from_iterator(corpus, trainer)
+    extra = {"bos_token": bos} if bos else {}
     PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, pad_token=EOS, chat_template=template
+        tokenizer_object=tok, eos_token=eos, pad_token=eos, chat_template=template, **extra
     ).save_pretrained(path)
     return Path(path)

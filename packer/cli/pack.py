@@ -20,6 +20,7 @@ from packer.cli.app import (
     set_storage_options,
     user_errors,
 )
+from packer.cli.chat_options import raw_option
 from packer.cli.mix import (
     cfg_mix,
     mix_option,
@@ -31,14 +32,7 @@ from packer.cli.mix import (
     validation_export_target,
 )
 from packer.cli.pack_export import check_export_config, export_outputs, export_target
-from packer.cli.raw import (
-    TEMPLATE_HELP,
-    TRAIN_ON,
-    TRAIN_ON_HELP,
-    PackTokenizing,
-    raw_source,
-    tokenize_for_pack,
-)
+from packer.cli.raw import PackTokenizing, raw_source, tokenize_for_pack
 from packer.config import ENGINES, ON_ERROR, build_config
 from packer.contract.names import POLICIES
 from packer.hashing import ALGORITHMS
@@ -269,12 +263,11 @@ def pack(
         "directory, or a hub name), through a cache reused by later packs (docs/tokenize.md). "
         "[default: none, INPUT holds token ids]",
     ),
-    chat_template: Optional[Path] = typer.Option(
-        None, "--chat-template", help="With --tokenizer: " + TEMPLATE_HELP
-    ),
-    train_on: Optional[str] = typer.Option(
-        None, "--train-on", metavar=choices(TRAIN_ON), help="With --tokenizer: " + TRAIN_ON_HELP
-    ),
+    chat_template: Optional[Path] = raw_option("chat_template"),
+    train_on: Optional[str] = raw_option("train_on"),
+    train_reasoning: Optional[bool] = raw_option("train_reasoning"),
+    train_tool_calls: Optional[bool] = raw_option("train_tool_calls"),
+    turns: Optional[str] = raw_option("turns"),
     mix: Optional[list[str]] = mix_option(),
     mix_tokens: Optional[int] = mix_tokens_option(),
     validation_split: Optional[str] = split_option(),
@@ -332,6 +325,9 @@ def pack(
             tokenizer=tokenizer,
             chat_template=chat_template,
             train_on=train_on,
+            train_reasoning=train_reasoning,
+            train_tool_calls=train_tool_calls,
+            turns=turns,
             workers=workers,
             memory_budget=memory_budget,
             resume=resume,

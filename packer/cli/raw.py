@@ -8,9 +8,15 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from packer.cli.chat_options import (
+    TRAIN_ON,
+    TURNS,
+    given_mask_flag,
+    mask_options,
+    with_mask_options,
+)
 from packer.errors import InputError, UsageError, count
 
-TRAIN_ON = ("assistant", "last", "all")
 ENGINES = ("local", "ray")
 ON_ERROR = ("error", "skip")
 RAW_KEYS = (
@@ -28,13 +34,6 @@ TOKENIZER_HELP = (
     "A local tokenizer directory (save_pretrained layout; works offline) or a hub name "
     "(needs the hub)."
 )
-TEMPLATE_HELP = (
-    "A Jinja chat template file that replaces the tokenizer's. [default: the tokenizer's]"
-)
-TRAIN_ON_HELP = (
-    "Which chat tokens carry labels: every assistant turn, the last assistant turn, or all "
-    "tokens; each trained turn includes its end-of-turn token. [default: assistant]"
-)
 COLUMN_HELP = (
     "A raw column under another name, KEY=NAME (e.g. messages=dialog); KEY is one of "
     + ", ".join(RAW_KEYS)
@@ -42,17 +41,28 @@ COLUMN_HELP = (
 )
 
 
-def make_encoder(tokenizer: str, chat_template, train_on: str | None, allow_empty_mask: bool):
-    """The encoder the flags describe (errors name --tokenizer, --chat-template, --train-on)."""
+def make_encoder(
+    tokenizer: str,
+    chat_template,
+    train_on: str | None,
+    allow_empty_mask: bool,
+    options: dict | None = None,
+):
+    """The encoder the flags describe (errors name --tokenizer, --chat-template, --train-on,
+    --turns); `options`: `mask_options`."""
     from packer import arguments as A
     from packer.tokenize.encode import Encoder
 
     train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
+    given = {k: v for k, v in (options or {}).items() if v is not None}
+    if "turns" in given:
+        given["turns"] = A.choice(given["turns"], "turns", TURNS)
     return Encoder(
         tokenizer,
         chat_template=str(chat_template) if chat_template is not None else None,
         train_on=train_on,
         allow_empty_mask=allow_empty_mask,
+        **given,
     )
 
 
@@ -161,10 +171,17 @@ class PackTokenizing:
     tokenizer: str | None
     chat_template: Path | None
     train_on: str | None
+    train_reasoning: bool | None
+    train_tool_calls: bool | None
+    turns: str | None
     workers: int | None
     memory_budget: str | None
     resume: bool
     json_out: bool
+
+    def mask_options(self) -> dict:
+        """The chat-mask options given (None where not), by Encoder keyword."""
+        return mask_options(vars(self))
 
 
 def tokenize_for_pack(
@@ -179,9 +196,12 @@ def tokenize_for_pack(
             "--resume picks up block runs: pass --block-size or --engine ray (not with --repack "
             "or --pairs)"
         )
+    options = flags.mask_options()
     if flags.tokenizer is None:
-        if flags.chat_template is not None or flags.train_on is not None:
-            flag = "--chat-template" if flags.chat_template is not None else "--train-on"
+        flag = given_mask_flag(options)
+        if flags.chat_template is not None or flags.train_on is not None or flag:
+            flag = "--chat-template" if flags.chat_template is not None else flag
+            flag = "--train-on" if flags.train_on is not None else flag
             raise UsageError(f"{flag} needs --tokenizer (INPUT holds raw chats or text)")
         return None
     if repack or cfg.pairs:
@@ -192,7 +212,9 @@ def tokenize_for_pack(
 
     train_on = A.choice(flags.train_on or "assistant", "train_on", TRAIN_ON)
     flags = replace(flags, train_on=train_on)
-    key = local_tokenizer_key(flags.tokenizer, flags.chat_template, train_on)
+    key = with_mask_options(
+        local_tokenizer_key(flags.tokenizer, flags.chat_template, train_on), options
+    )
     with ExitStack() as session:
         runner = session.enter_context(_runner(cfg, flags.workers))
 
@@ -295,7 +317,9 @@ def _tokenized(inputs, output, cfg, flags: PackTokenizing, key: str, runner):
     with tokenize_progress(shown) as bars, warming_meanwhile(warm, bars) as progress:
         result = tokenized_input(
             inputs,
-            lambda: make_encoder(flags.tokenizer, flags.chat_template, flags.train_on, False),
+            lambda: make_encoder(
+                flags.tokenizer, flags.chat_template, flags.train_on, False, flags.mask_options()
+            ),
             encoder_key=key,
             workers=flags.workers,
             memory_budget=flags.memory_budget,
@@ -386,13 +410,16 @@ def raw_source(raw: RawPack | None):
 
 
 @contextmanager
-def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
+def retokenized(output: str, inputs, tokenizer, chat_template, train_on, options=None):
     """`verify --input RAW --tokenizer`: the raw inputs tokenized afresh into a temporary
-    directory (never the cache: the check is against a new render of the raw records), after
-    checking that the output was packed with the same encoder. Yields the inputs to verify."""
+    directory (never the cache: the check is against a new render of the raw records, its
+    spans found again by the same code), after checking that the output was packed with the
+    same encoder. Yields the inputs to verify. `options`: `mask_options`."""
     if tokenizer is None:
-        if chat_template is not None or train_on is not None:
-            flag = "--chat-template" if chat_template is not None else "--train-on"
+        flag = given_mask_flag(options)
+        if chat_template is not None or train_on is not None or flag:
+            flag = "--chat-template" if chat_template is not None else flag
+            flag = "--train-on" if train_on is not None else flag
             raise UsageError(f"{flag} needs --tokenizer (--input holds raw chats or text)")
         yield inputs
         return
@@ -404,7 +431,7 @@ def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
 
     from packer.tokenize.run import tokenize
 
-    encoder = make_encoder(tokenizer, chat_template, train_on, False)
+    encoder = make_encoder(tokenizer, chat_template, train_on, False, options)
     try:
         manifest = json.loads((Path(output) / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -412,8 +439,9 @@ def retokenized(output: str, inputs, tokenizer, chat_template, train_on):
     packed = ((manifest.get("tokenized_from") or {}).get("encoder") or {}).get("fingerprint")
     if packed is not None and packed != encoder.fingerprint:
         raise InputError(
-            "was packed with another tokenizer, template or --train-on than --tokenizer and "
-            "--chat-template give (tokenized_from.encoder in its manifest)",
+            "was packed with another tokenizer, template or --train-on (or --train-reasoning, "
+            "--train-tool-calls, --turns) than the flags give (tokenized_from.encoder in its "
+            "manifest)",
             where=output,
         )
     tmp = Path(tempfile.mkdtemp(prefix="packer-verify-raw-"))

@@ -19,14 +19,21 @@ from packer.cli.app import (
     set_storage_options,
     user_errors,
 )
+from packer.cli.chat_options import (
+    TEMPLATE_HELP,
+    TRAIN_ON,
+    TRAIN_ON_HELP,
+    TRAIN_REASONING_HELP,
+    TRAIN_TOOL_CALLS_HELP,
+    TURNS,
+    TURNS_HELP,
+    mask_options,
+)
 from packer.cli.raw import (
     COLUMN_HELP,
     ENGINES,
     ON_ERROR,
-    TEMPLATE_HELP,
     TOKENIZER_HELP,
-    TRAIN_ON,
-    TRAIN_ON_HELP,
     engine_runner,
     make_encoder,
     raw_columns,
@@ -57,6 +64,13 @@ def tokenize(
     train_on: Optional[str] = typer.Option(
         None, "--train-on", metavar=choices(TRAIN_ON), help=TRAIN_ON_HELP
     ),
+    train_reasoning: Optional[bool] = typer.Option(
+        None, "--train-reasoning/--no-train-reasoning", help=TRAIN_REASONING_HELP
+    ),
+    train_tool_calls: Optional[bool] = typer.Option(
+        None, "--train-tool-calls/--no-train-tool-calls", help=TRAIN_TOOL_CALLS_HELP
+    ),
+    turns: Optional[str] = typer.Option(None, "--turns", metavar=choices(TURNS), help=TURNS_HELP),
     allow_empty_mask: bool = typer.Option(
         False,
         "--allow-empty-mask",
@@ -118,7 +132,9 @@ def tokenize(
     with user_errors(debug):
         set_storage_options(storage_option)
         runs_on = engine_runner(engine, ray_address, workers)
-        encoder = make_encoder(tokenizer, chat_template, train_on, allow_empty_mask)
+        encoder = make_encoder(
+            tokenizer, chat_template, train_on, allow_empty_mask, mask_options(locals())
+        )
         columns = raw_columns(column)
         with tokenize_progress(not json_out) as progress, sigterm_as_interrupt(), runs_on as runner:
             result = run_tokenize(

@@ -22,7 +22,8 @@ from packer.cli.app import (
     set_storage_options,
     user_errors,
 )
-from packer.cli.raw import TEMPLATE_HELP, TRAIN_ON, TRAIN_ON_HELP, retokenized
+from packer.cli.chat_options import mask_options, raw_option
+from packer.cli.raw import retokenized
 from packer.errors import EXIT_FAILURE
 from packer.verify.choices import BACKENDS, DTYPES
 
@@ -158,12 +159,11 @@ def verify(
         "and check every packed sample's ids and labels against that; the output must have "
         "been packed with the same tokenizer and template. [default: none]",
     ),
-    chat_template: Optional[Path] = typer.Option(
-        None, "--chat-template", help="With --tokenizer: " + TEMPLATE_HELP
-    ),
-    train_on: Optional[str] = typer.Option(
-        None, "--train-on", metavar=choices(TRAIN_ON), help="With --tokenizer: " + TRAIN_ON_HELP
-    ),
+    chat_template: Optional[Path] = raw_option("chat_template"),
+    train_on: Optional[str] = raw_option("train_on"),
+    train_reasoning: Optional[bool] = raw_option("train_reasoning"),
+    train_tool_calls: Optional[bool] = raw_option("train_tool_calls"),
+    turns: Optional[str] = raw_option("turns"),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,
@@ -190,7 +190,7 @@ def verify(
         if not no_attention:  # torch too: a signal inside its init aborts the process
             with suppress(ImportError):
                 importlib.import_module("torch")
-    raw = (tokenizer, chat_template, train_on)
+    raw = (tokenizer, chat_template, train_on, mask_options(locals()))
     with (
         user_errors(debug),
         retokenized(output, inputs, *raw) as inputs,

@@ -8,16 +8,18 @@ first label of every sample), -100 where nothing is trained:
   prefix of the pair's tokens: otherwise the model would be trained on a tokenization of the
   prompt it never sees at inference;
 - chat: the whole render tokenized once; each assistant turn (`train_on="assistant"`), the last
-  one (`"last"`) or every token (`"all"`) trained.
+  one (`"last"`) or every token (`"all"`) trained, each turn's characters as `spans.py` finds
+  them in the full render (its docstring is the contract). `turns="one-per-sample"`: one sample
+  per trained assistant turn, the chat up to it rendered whole, only that turn trained.
+  `train_reasoning`, `train_tool_calls`: whether a turn's reasoning and tool calls are trained.
 
-Checks on every chat, never warnings (each a `RawRecordError`, or a `TemplateError` for a
-template that rewrites earlier turns, with the record's `index`): every message's text is in
-the render and every reply inside its trained span; no token crosses the start or end of a
+Checks on every chat, never warnings (each a `RawRecordError` with the record's `index`): every
+message's pieces are located in the render (`spans.py`); no token crosses the start or end of a
 trained span, and the chat before each trained reply tokenizes alone to the ids before it (the
 ids are the whole render's, and the prompt is the one the model sees at inference); every
-trained turn ends with a special token (the end-of-turn token); no sample has an empty mask
-unless `allow_empty_mask`. A content string holding a special token's text (`<|im_end|>`) is
-refused: it would be read as a control token.
+trained turn that ends at a special token ends with it; no sample has an empty mask unless
+`allow_empty_mask`. A string holding a special token's text (`<|im_end|>`) is refused: it would
+be read as a control token.
 
 `encode_batch` renders every record, then tokenizes the batch in one call of the fast tokenizer;
 one `Encoder` per worker process (`Encoder.from_spec`), since one tokenizer shared by threads
@@ -35,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from packer.arguments import boolean, choice
-from packer.errors import option
+from packer.errors import UsageError, option
+from packer.tokenize.chat import ChatMasks
 from packer.tokenize.loading import (
     TokenizerError,
     load_tokenizer,
@@ -49,6 +52,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
+TURNS = ("all", "one-per-sample")
 TAIL_MEMO, TAIL_CHARS = 4096, 256  # prompt tails (at most so long) an encoder keeps the ids of
 ENCODING_VERSION = 3  # bump when the same inputs and options would give other ids or labels
 
@@ -64,9 +68,20 @@ class Encoder:
         allow_empty_mask: bool = False,
         *,
         template_text: str | None = None,
+        train_reasoning: bool = True,
+        train_tool_calls: bool = True,
+        turns: str = "all",
     ):
         self.train_on = choice(train_on, "train_on", TRAIN_ON)
         self.allow_empty_mask = boolean(allow_empty_mask, "allow_empty_mask")
+        self.train_reasoning = boolean(train_reasoning, "train_reasoning")
+        self.train_tool_calls = boolean(train_tool_calls, "train_tool_calls")
+        self.turns = choice(turns, "turns", TURNS)
+        if self.turns != "all" and self.train_on == "all":
+            raise UsageError(
+                f"{option('turns')} one-per-sample trains assistant turns: it needs "
+                f"{option('train_on')} assistant or last"
+            )
         self.source = str(tokenizer)
         self.tokenizer = load_tokenizer(self.source)
         self.tokenizer_sha256 = tokenizer_digest(self.source, self.tokenizer)
@@ -88,6 +103,12 @@ class Encoder:
         # a turn may end with another special token than the probe's (gpt-oss ends the last
         # reply with <|return|>, earlier ones with <|end|>): any special token ends a turn
         self.specials = special_tokens(self.tokenizer)
+        self.masks = None
+        if self.template is not None:
+            added = [t.content for t in self.tokenizer.added_tokens_decoder.values()]
+            self.masks = ChatMasks(
+                self.template, self.specials, self.train_on, self.mask_options, added
+            )
         self.special_ids = frozenset(self.tokenizer.convert_tokens_to_ids(self.specials))
         self.control = control_pattern(self.tokenizer)
         # the chat renders are tokenized without the post-processor, whose offsets can skip the
@@ -118,7 +139,17 @@ class Encoder:
             "template_text": self.template_text if self.chat_template else None,
             "train_on": self.train_on,
             "allow_empty_mask": self.allow_empty_mask,
+            **self.mask_options,
             "fingerprint": self.fingerprint,
+        }
+
+    @property
+    def mask_options(self) -> dict:
+        """The chat options beside `train_on` (part of the fingerprint and the cache key)."""
+        return {
+            "train_reasoning": self.train_reasoning,
+            "train_tool_calls": self.train_tool_calls,
+            "turns": self.turns,
         }
 
     @classmethod
@@ -129,6 +160,9 @@ class Encoder:
             spec["train_on"],
             spec["allow_empty_mask"],
             template_text=spec["template_text"],
+            train_reasoning=spec.get("train_reasoning", True),
+            train_tool_calls=spec.get("train_tool_calls", True),
+            turns=spec.get("turns", "all"),
         )
         if encoder.fingerprint != spec["fingerprint"]:
             raise TokenizerError(
@@ -147,6 +181,7 @@ class Encoder:
             "template_sha256": text_digest(self.template_text),
             "train_on": self.train_on,
             "allow_empty_mask": self.allow_empty_mask,
+            **self.mask_options,
             "tokenizers": tokenizers.__version__,
             "transformers": transformers.__version__,
         }
@@ -163,6 +198,7 @@ class Encoder:
             "end_of_turn": None if self.template is None else self.template.eot,
             "train_on": self.train_on,
             "allow_empty_mask": self.allow_empty_mask,
+            **self.mask_options,
             "fingerprint": self.fingerprint,
         }
 
@@ -170,12 +206,15 @@ class Encoder:
 
     def encode_batch(
         self, records: list[Record], *, skip_errors: bool = False
-    ) -> list[tuple[np.ndarray, np.ndarray] | RawRecordError]:
-        """(input_ids, labels) per record, both int32. A bad record raises
+    ) -> list[tuple[np.ndarray, np.ndarray] | list | RawRecordError]:
+        """(input_ids, labels) per record, both int32 (for a chat under
+        `turns="one-per-sample"`, a list of them: one per trained turn). A bad record raises
         RawRecordError(index=i); with `skip_errors`, its entry is that error instead and the
-        others are encoded (`--on-error skip`). A refused template always raises."""
+        others are encoded, in the same one pass (`--on-error skip`). A refused template always
+        raises."""
         out: list = [None] * len(records)
         texts, plain, chats, prompts = [], [], [], []  # plain: tokenized with special tokens
+        many = {}  # record -> its number of samples, under one-per-sample
         for i, record in enumerate(records):
             try:
                 if record.kind not in ("text", "completion", "chat"):
@@ -183,7 +222,7 @@ class Encoder:
                 self.check_control(record, i)
                 self.check_weights(record, i)
                 if record.kind == "chat":
-                    text, spans = self.chat_spans(record, i)
+                    samples = self.chat_samples(record, i)  # (render, trained spans) each
             except RawRecordError as e:
                 if not skip_errors:
                     raise
@@ -194,17 +233,17 @@ class Encoder:
             elif record.kind == "completion":
                 plain += [record.prompt, record.prompt + record.completion]
             else:
-                texts.append(text)
-                turns = [
-                    (n, span, self.prompt_tail(text, span[0]))
-                    for n, span in self.trained_turns(record, spans)
-                ]
-                chats.append(turns)
-                prompts += [text[tail : span[0]] for _, span, tail in turns]
+                if self.turns != "all":
+                    many[i] = len(samples)
+                for text, trained in samples:
+                    texts.append(text)
+                    turns = [(n, span, self.prompt_tail(text, span[0])) for n, span in trained]
+                    chats.append(turns)
+                    prompts += [text[tail : span[0]] for _, span, tail in turns]
         plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
         chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
         prompt_ids = iter(self.tail_ids(prompts))
-        chat_spans = iter(chats)
+        chat_spans, chat_texts = iter(chats), iter(texts)
         for i, record in enumerate(records):
             if out[i] is not None:
                 continue
@@ -215,9 +254,13 @@ class Encoder:
                     prompt, whole = next(plain_ids).ids, next(plain_ids).ids
                     out[i] = self.completion_sample(prompt, whole, i)
                 else:
-                    turns, encoding = next(chat_spans), next(chat_encodings)
-                    alone = [next(prompt_ids) for _ in turns]
-                    out[i] = self.chat_sample(encoding, turns, alone, i)
+                    samples = []
+                    for _ in range(many.get(i, 1)):  # consumed whatever fails
+                        turns, encoding = next(chat_spans), next(chat_encodings)
+                        alone = [next(prompt_ids) for _ in turns]
+                        samples.append((turns, encoding, alone, next(chat_texts)))
+                    made = [self.chat_sample(e, t, a, i, x) for t, e, a, x in samples]
+                    out[i] = made if i in many else made[0]
             except RawRecordError as e:
                 if not skip_errors:
                     raise
@@ -268,38 +311,14 @@ class Encoder:
             labels = ids.copy()
         return ids, labels
 
-    def chat_spans(self, record: Record, index: int) -> tuple[str, list[tuple[int, int]]]:
-        if self.template is None:
+    def chat_samples(self, record: Record, index: int) -> list[tuple[str, list]]:
+        if self.masks is None:
             raise TemplateError(
                 f"{self.source} has no chat template: pass one ({option('chat_template')})",
                 index=index,
                 usage=True,
             )
-        try:
-            return self.template.assistant_spans(record.messages, record.tools, index)
-        except (TemplateError, RawRecordError):
-            raise
-        except Exception as e:  # the template's raise_exception, a jinja error on this chat
-            message = str(e).strip().splitlines()
-            raise RawRecordError(
-                f"the chat template fails on this chat: {message[0] if message else type(e).__name__}",
-                index=index,
-            ) from None
-
-    def trained_turns(self, record: Record, spans) -> list[tuple[int, tuple[int, int]]]:
-        """(turn number, span) of the assistant turns that `train_on` trains; a conversational
-        prompt's turns (before `record.train_from`) are context, and turns of weight 0
-        (`record.untrained`) are left out, never trained."""
-        if self.train_on == "all":
-            return []
-        replies = [i for i, m in enumerate(record.messages) if m["role"] == "assistant"]
-        turns = [
-            (n, i, span)
-            for n, (i, span) in enumerate(zip(replies, spans), 1)
-            if i >= record.train_from
-        ]
-        turns = turns[-1:] if self.train_on == "last" else turns
-        return [(n, span) for n, i, span in turns if i not in record.untrained]  # weight 0
+        return self.masks.samples(record, index)
 
     def check_weights(self, record: Record, index: int) -> None:
         """A turn of weight 0 cannot be left out of `train_on="all"`, which trains every token."""
@@ -316,8 +335,8 @@ class Encoder:
         whole chat does exactly when its tail from there does: the check tokenizes the tail."""
         return max([0, *(text.rfind(t, 0, start) for t in self.specials)])
 
-    def chat_sample(self, encoding, turns, alone, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Labels for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
+    def chat_sample(self, encoding, turns, alone, index: int, text: str = ""):
+        """(ids, labels) for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
         tokenized by itself, which must be the ids before the reply. The checks read the ids as
         the Python list the encoding gives (a slice of it compares without a numpy round trip)."""
         listed = encoding.ids
@@ -325,9 +344,11 @@ class Encoder:
         if self.train_on == "all":
             return ids, ids.copy()
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
-        for (turn, (start, end), tail), prompt in zip(turns, alone):
-            first = token_at(encoding, start, index, turn, "start")
+        for (turn, (start, end, closed, shorter), tail), prompt in zip(turns, alone):
+            first, header = self.first_token(encoding, start, shorter, index, turn)
             stop = token_at(encoding, end, index, turn, "end")
+            if header is not None:  # a shorter header: its prompt tail tokenized here
+                prompt = self.chat_backend.encode(text[tail:header], add_special_tokens=False).ids
             tail = token_at(encoding, tail, index, turn, "prompt")  # a special token starts there
             if listed[tail:first] != prompt:
                 raise RawRecordError(
@@ -338,7 +359,7 @@ class Encoder:
                 )
             if stop <= first:
                 raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
-            if listed[stop - 1] not in self.special_ids:
+            if closed and listed[stop - 1] not in self.special_ids:
                 raise RawRecordError(
                     f"assistant turn {turn}'s trained tokens do not end with an end-of-turn "
                     f"token such as {self.template.eot!r} (a template whose generation block "
@@ -349,6 +370,20 @@ class Encoder:
         if not turns:  # every turn above trained at least one token
             self.empty_mask(index)
         return ids, labels
+
+    def first_token(self, encoding, start: int, shorter, index: int, turn: int):
+        """(the first trained token, None) at `start`, or where a token crosses `start`, at the
+        first of the `shorter` header ends that no token crosses: (its token, that end)."""
+        try:
+            return token_at(encoding, start, index, turn, "start"), None
+        except RawRecordError:
+            for other in shorter:
+                try:
+                    first = token_at(encoding, other, index, turn, "start")
+                except RawRecordError:
+                    continue
+                return first, other
+            raise
 
     def empty_mask(self, index: int) -> None:
         if not self.allow_empty_mask:
@@ -413,3 +448,13 @@ def record_texts(record: Record):
             else:
                 for j, part in enumerate(content):
                     yield f"messages[{i}].content[{j}].text", part["text"]
+            if len(message) == 2:  # role and content: nothing else to check
+                continue
+            for key in ("reasoning_content", "thinking"):
+                if isinstance(message.get(key), str):
+                    yield f"messages[{i}].{key}", message[key]
+            for j, call in enumerate(message.get("tool_calls") or ()):
+                arguments = (call.get("function") or {}).get("arguments")
+                if arguments is not None:
+                    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+                    yield f"messages[{i}].tool_calls[{j}].arguments", text

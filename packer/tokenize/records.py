@@ -149,6 +149,7 @@ def tool_list(value, where: str) -> tuple[dict, ...] | None:
 def chat(
     messages: list[dict], tools, train_from: int = 0, untrained: frozenset[int] = frozenset()
 ) -> Record:
+    messages = [inline_reasoning(m) for m in messages]
     if not any(m["role"] == "assistant" for m in messages[train_from:]):
         where = "the completion" if train_from else "the chat"
         raise RawRecordError(f"{where} has no assistant turn: nothing to train on")
@@ -287,3 +288,25 @@ def alpaca_messages(row: dict, c: RawColumns) -> list[dict]:
         {"role": "user", "content": user},
         {"role": "assistant", "content": string(row.get(c.output), c.output)},
     ]
+
+
+THINK, UNTHINK = "<think>", "</think>"
+
+
+def inline_reasoning(message: dict) -> dict:
+    """An assistant reply that opens with `<think>…</think>` and has no reasoning field: the
+    reasoning moved to `reasoning_content` (what the templates read; `\n` around it and
+    before the reply dropped, as Qwen3's template drops them), the rest left as the content."""
+    content = message.get("content")
+    if (
+        message["role"] != "assistant"
+        or not isinstance(content, str)
+        or message.get("reasoning_content") is not None
+        or message.get("thinking") is not None
+        or not content.lstrip().startswith(THINK)
+        or UNTHINK not in content
+    ):
+        return message
+    head, _, rest = content.partition(UNTHINK)
+    reasoning = head.lstrip()[len(THINK) :].strip("\n")
+    return dict(message, content=rest.lstrip("\n"), reasoning_content=reasoning)

@@ -104,28 +104,36 @@ def tokenize_batch(batch: RawBatch, directory: str) -> BatchDone:
 
 
 def _encode(encoder, records: list, places: list[int], batch: RawBatch, rejects, skip: bool):
-    """The encoded records in order; a bad record stops the run, or with skip is left out and
-    the rest are encoded again."""
+    """The encoded samples in order (a chat under `--turns one-per-sample` gives several); a
+    bad record stops the run, or with skip is left out, in the same one pass."""
     from packer.tokenize.records import RawRecordError
     from packer.tokenize.template import TemplateError
 
-    while records:
-        try:
-            return encoder.encode_batch(records)
-        except TemplateError as exc:  # the template is refused, whatever --on-error says
-            index = exc.index
-            if exc.where is not None or index is None or not 0 <= index < len(records):
-                raise
-            where = batch.where(places[index])
-            usage = exc.exit_code == EXIT_USAGE
-            raise TemplateError(exc.problem, usage=usage, where=where) from None
-        except RawRecordError as exc:
-            index = getattr(exc, "index", None)
-            if index is None or not 0 <= index < len(records):
-                raise InputError(f"{batch.shown}: {exc}") from None
-            _reject(rejects, batch, places[index], str(exc), skip)
-            del records[index], places[index]
-    return []
+    if not records:
+        return []
+    try:
+        results = encoder.encode_batch(records, skip_errors=skip)
+    except TemplateError as exc:  # the template is refused, whatever --on-error says
+        index = exc.index
+        if exc.where is not None or index is None or not 0 <= index < len(records):
+            raise
+        where = batch.where(places[index])
+        usage = exc.exit_code == EXIT_USAGE
+        raise TemplateError(exc.problem, usage=usage, where=where) from None
+    except RawRecordError as exc:
+        index = getattr(exc, "index", None)
+        if index is None or not 0 <= index < len(records):
+            raise InputError(f"{batch.shown}: {exc}") from None
+        raise InputError(str(exc), where=batch.where(places[index])) from None
+    encoded = []
+    for place, result in zip(places, results):
+        if isinstance(result, RawRecordError):
+            _reject(rejects, batch, place, str(result), skip)
+        elif isinstance(result, list):
+            encoded += result
+        else:
+            encoded.append(result)
+    return encoded
 
 
 def _reject(rejects: list, batch: RawBatch, i: int, problem: str, skip: bool) -> None:
