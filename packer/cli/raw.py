@@ -15,6 +15,7 @@ from packer.cli.chat_options import (
     mask_options,
     with_mask_options,
 )
+from packer.cli.raw_mix import named_once, one_source_per_entry, raw_mix
 from packer.errors import InputError, UsageError, count
 
 ENGINES = ("local", "ray")
@@ -238,11 +239,11 @@ def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
         entry = TokenizedEntry(str(result.output), named[0] if len(named) == 1 else named)
         return RawPack([entry], describe_source(result), mixing)
     results, pairs = [], []
-    mix = _raw_mix(mixing["mix"])
-    _named_once([path for path, _ in mix])
+    mix = raw_mix(mixing["mix"])
+    named_once([path for path, _ in mix])
     for path, weight in mix:
         result = tokenized([path])
-        _one_source_per_entry(results, result, len(results))
+        one_source_per_entry(results, result, len(results))
         results.append(result)
         pairs.append({"path": result.output, "weight": weight, "raw": path})
     described = [describe_source(r) for r in results]
@@ -251,58 +252,6 @@ def _tokenize_sources(inputs, mixing: dict, tokenized) -> RawPack:
         "sources": [{k: v for k, v in d.items() if k != "encoder"} for d in described],
     }
     return RawPack([], source, {**mixing, "mix": pairs})
-
-
-def _named_once(paths: list[str]) -> None:
-    """A raw file named by two --mix sources is refused before any tokenizing, naming it."""
-    from packer.storage import is_url
-
-    seen: dict[str, int] = {}
-    for i, path in enumerate(paths):
-        key = str(path) if is_url(str(path)) else str(Path(path).resolve())
-        if key in seen:
-            raise UsageError(
-                f"--mix: {path} is in sources {seen[key]} and {i}; a file belongs to one source"
-            )
-        seen[key] = i
-
-
-def _one_source_per_entry(earlier: list, result, i: int) -> None:
-    """Two --mix sources whose raw files hold the same bytes tokenize to one cache entry, and
-    would be one source packed twice: refused naming the user's files (never the entry's)."""
-    files = {entry["path"] for entry in result.inputs}
-    for j, other in enumerate(earlier):
-        shared = sorted(files & {entry["path"] for entry in other.inputs})
-        if shared:
-            raise UsageError(
-                f"--mix: {shared[0]} is in sources {j} and {i}; a file belongs to one source"
-            )
-        if other.output == result.output:
-            raise UsageError(
-                f"--mix: sources {j} and {i} ({_names(other)} and {_names(result)}) hold the "
-                "same bytes; a file belongs to one source"
-            )
-
-
-def _names(result) -> str:
-    return ", ".join(entry["path"] for entry in result.inputs)
-
-
-def _raw_mix(mix) -> list[tuple[str, float]]:
-    """The (path, weight) pairs of a raw mixture: a source's own input_column or
-    labels_column (datasets:) names token columns, which raw data does not have."""
-    pairs = []
-    for entry in mix:
-        if isinstance(entry, dict):
-            own = sorted(set(entry) - {"path", "weight"})
-            if own:
-                raise UsageError(
-                    f"datasets: {entry['path']} names {', '.join(own)}, columns of token ids; "
-                    "with --tokenizer the raw columns are found by name (--column KEY=NAME)"
-                )
-            entry = (entry["path"], entry.get("weight", 1))
-        pairs.append(tuple(entry))
-    return pairs
 
 
 def _tokenized(inputs, output, cfg, flags: PackTokenizing, key: str, runner):

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from bisect import bisect_left
 from pathlib import Path
 
@@ -39,6 +38,7 @@ import numpy as np
 from packer.arguments import boolean, choice
 from packer.errors import UsageError, option
 from packer.tokenize.chat import ChatMasks
+from packer.tokenize.checks import check_control, check_weights, control_pattern, special_tokens
 from packer.tokenize.loading import (
     TokenizerError,
     load_tokenizer,
@@ -219,8 +219,8 @@ class Encoder:
             try:
                 if record.kind not in ("text", "completion", "chat"):
                     raise RawRecordError(f"unknown record kind {record.kind!r}", index=i)
-                self.check_control(record, i)
-                self.check_weights(record, i)
+                check_control(self.control, record, i)
+                check_weights(self.train_on, record, i)
                 if record.kind == "chat":
                     samples = self.chat_samples(record, i)  # (render, trained spans) each
             except RawRecordError as e:
@@ -320,15 +320,6 @@ class Encoder:
             )
         return self.masks.samples(record, index)
 
-    def check_weights(self, record: Record, index: int) -> None:
-        """A turn of weight 0 cannot be left out of `train_on="all"`, which trains every token."""
-        if self.train_on == "all" and record.untrained:
-            raise RawRecordError(
-                f"turn {min(record.untrained)} of the chat (counting from 0) has weight 0, and "
-                f"{option('train_on')} all trains every token",
-                index=index,
-            )
-
     def prompt_tail(self, text: str, start: int) -> int:
         """Where the last special token before `start` begins (0 if none). Text between special
         tokens is tokenized piece by piece, so the chat before a reply tokenizes alone as the
@@ -392,18 +383,6 @@ class Encoder:
                 index=index,
             )
 
-    def check_control(self, record: Record, index: int) -> None:
-        if self.control is None:
-            return
-        for where, text in record_texts(record):
-            found = self.control.search(text)
-            if found:
-                raise RawRecordError(
-                    f"{where} holds the special token {found.group()!r}, which would be read as a "
-                    "control token",
-                    index=index,
-                )
-
 
 def token_at(encoding, char: int, index: int, turn: int, side: str) -> int:
     """The first token that starts at or after `char`; RawRecordError if a token crosses it.
@@ -420,41 +399,3 @@ def token_at(encoding, char: int, index: int, turn: int, side: str) -> int:
             index=index,
         )
     return at
-
-
-def special_tokens(tokenizer) -> list[str]:
-    """The texts of the added tokens that are special (control tokens)."""
-    tokens = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
-    return sorted(tokens | set(tokenizer.all_special_tokens))
-
-
-def control_pattern(tokenizer):
-    tokens = sorted(special_tokens(tokenizer), key=len, reverse=True)
-    return re.compile("|".join(map(re.escape, tokens))) if tokens else None
-
-
-def record_texts(record: Record):
-    """(where, text) of every string of a record that is tokenized as the user wrote it."""
-    if record.kind == "text":
-        yield "text", record.text
-    elif record.kind == "completion":
-        yield "prompt", record.prompt
-        yield "completion", record.completion
-    else:
-        for i, message in enumerate(record.messages):
-            content = message["content"]
-            if isinstance(content, str):
-                yield f"messages[{i}].content", content
-            else:
-                for j, part in enumerate(content):
-                    yield f"messages[{i}].content[{j}].text", part["text"]
-            if len(message) == 2:  # role and content: nothing else to check
-                continue
-            for key in ("reasoning_content", "thinking"):
-                if isinstance(message.get(key), str):
-                    yield f"messages[{i}].{key}", message[key]
-            for j, call in enumerate(message.get("tool_calls") or ()):
-                arguments = (call.get("function") or {}).get("arguments")
-                if arguments is not None:
-                    text = arguments if isinstance(arguments, str) else json.dumps(arguments)
-                    yield f"messages[{i}].tool_calls[{j}].arguments", text
