@@ -445,7 +445,13 @@ def check(family, rows, samples, mode, **switches):
 NAMES = sorted(SPECS)
 
 
-@pytest.mark.parametrize("name", NAMES)
+def grouped(names):
+    """Each family's tests on one xdist worker (`--dist loadgroup`): a worker loads a family's
+    vocabulary once (1-4 CPU seconds for the large ones), not once per worker."""
+    return [pytest.param(n, marks=pytest.mark.xdist_group(f"family-{n}")) for n in names]
+
+
+@pytest.mark.parametrize("name", grouped(NAMES))
 def test_generation_prompt_is_the_tables(families, name):
     """The table's G is what the template appends for `add_generation_prompt`."""
     family = families(name)
@@ -453,7 +459,7 @@ def test_generation_prompt_is_the_tables(families, name):
 
 
 @pytest.mark.parametrize("mode", ["assistant", "last"])
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", grouped(NAMES))
 def test_train_on(families, chats, tmp_path, name, mode):
     family = families(name)
     rows, path = chats(name)
@@ -461,7 +467,7 @@ def test_train_on(families, chats, tmp_path, name, mode):
     check(family, rows, samples, mode)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", grouped(NAMES))
 def test_one_per_sample(families, chats, tmp_path, name):
     family = families(name)
     rows, path = chats(name)
@@ -475,7 +481,7 @@ KEEPS_REASONING = ["gemma-4", "gpt-oss", "qwen3", "qwen3.5"]
 TOOL_FORMATS = ["gpt-oss", "hermes-3", "llama-3.1", "mistral-nemo", "qwen2.5"]
 
 
-@pytest.mark.parametrize("name", KEEPS_REASONING)
+@pytest.mark.parametrize("name", grouped(KEEPS_REASONING))
 def test_no_train_reasoning(families, chats, tmp_path, name):
     family = families(name)
     rows, path = chats(name)
@@ -483,7 +489,7 @@ def test_no_train_reasoning(families, chats, tmp_path, name):
     check(family, rows, samples, "assistant", reasoning=False)
 
 
-@pytest.mark.parametrize("name", TOOL_FORMATS)
+@pytest.mark.parametrize("name", grouped(TOOL_FORMATS))
 def test_no_train_tool_calls(families, chats, tmp_path, name):
     family = families(name)
     rows, path = chats(name)
@@ -491,6 +497,7 @@ def test_no_train_tool_calls(families, chats, tmp_path, name):
     check(family, rows, samples, "assistant", calls=False)
 
 
+@pytest.mark.xdist_group("family-phi-3.5")
 def test_phi_endoftext_never_trained(families, chats, tmp_path):
     """Phi-3.5 appends `<|endoftext|>` once after the whole chat: the last reply's `<|end|>` is
     trained, what follows it is not."""
@@ -506,6 +513,7 @@ def test_phi_endoftext_never_trained(families, chats, tmp_path):
         assert all(label == IGNORE for label in labels[last_end + 1 :])
 
 
+@pytest.mark.xdist_group("family-qwen3")
 @pytest.mark.parametrize("form", ["thinking", "inline"])
 def test_reasoning_input_forms(families, chats, tmp_path, form):
     """Reasoning given as `thinking` or inline `<think>…</think>` at the start of the content

@@ -41,6 +41,7 @@ from packer.tokenize.chat import ChatMasks
 from packer.tokenize.checks import check_control, check_weights, control_pattern, special_tokens
 from packer.tokenize.loading import (
     TokenizerError,
+    chat_backend,
     load_tokenizer,
     read_template,
     text_digest,
@@ -111,12 +112,7 @@ class Encoder:
             )
         self.special_ids = frozenset(self.tokenizer.convert_tokens_to_ids(self.specials))
         self.control = control_pattern(self.tokenizer)
-        # the chat renders are tokenized without the post-processor, whose offsets can skip the
-        # spaces a byte-level token starts with; the ids are the same (no special tokens added)
-        self.chat_backend = self.tokenizer.backend_tokenizer.__class__.from_str(
-            self.tokenizer.backend_tokenizer.to_str()
-        )
-        self.chat_backend.post_processor = None
+        self.chat_backend = chat_backend(self.tokenizer)  # without the post-processor
         self.tails: dict[str, list[int]] = {}  # prompt tail -> its ids (`tail_ids`)
         self.fingerprint = self.compute_fingerprint()
 

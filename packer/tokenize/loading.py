@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,8 +28,54 @@ class TokenizerError(UsageError):
     """A tokenizer that cannot be loaded or used (exit 2); the message names the option."""
 
 
+_LOADED: dict = {}  # (directory, its files' sizes and mtimes) -> tokenizer, the last few
+_KEEP = 4
+
+
 def load_tokenizer(source: str):
-    """A fast 🤗 tokenizer from a local directory or a hub name."""
+    """A fast 🤗 tokenizer from a local directory or a hub name.
+
+    A local directory loaded before in this process, with the same files (names, sizes, mtimes),
+    gives the same tokenizer object again: a caller building several encoders of one tokenizer
+    (`pack_dataset` per split, verify's re-tokenizing, a test matrix) loads it once (1 to 3 s for
+    a 128k-262k vocabulary). packer never changes a loaded tokenizer."""
+    local = Path(str(source)).expanduser() if isinstance(source, (str, os.PathLike)) else None
+    key = _stamp(local) if local is not None and local.is_dir() else None
+    if key is not None and key in _LOADED:
+        return _LOADED[key]
+    tokenizer = _load(source)
+    if key is not None:
+        _LOADED[key] = tokenizer
+        while len(_LOADED) > _KEEP:
+            _LOADED.pop(next(iter(_LOADED)))
+    return tokenizer
+
+
+_CHAT_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def chat_backend(tokenizer):
+    """The tokenizer's backend without its post-processor, which chat renders are tokenized
+    with (its offsets can skip the spaces a byte-level token starts with; the ids are the same,
+    no special tokens being added): a copy, made once per loaded tokenizer (0.2-0.8 s)."""
+    backend = _CHAT_BACKENDS.get(tokenizer)
+    if backend is None:
+        backend = tokenizer.backend_tokenizer.__class__.from_str(
+            tokenizer.backend_tokenizer.to_str()
+        )
+        backend.post_processor = None
+        _CHAT_BACKENDS[tokenizer] = backend
+    return backend
+
+
+def _stamp(directory: Path) -> tuple:
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    return (str(directory.resolve()),) + tuple(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files
+    )
+
+
+def _load(source: str):
     name = option("tokenizer")
     if not isinstance(source, (str, os.PathLike)) or not str(source):
         raise TokenizerError(f"{name} must be a directory or a hub name, got {source!r}")
