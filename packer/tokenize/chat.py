@@ -31,7 +31,10 @@ class ChatMasks:
         self.train_tool_calls = options["train_tool_calls"]
         self.turns = options["turns"]
         t = template
-        self.finder = SpanFinder(t.render_text, t.prompt, specials, t.ends, t.openers, added)
+        closers = call_closers(t, specials, added)
+        self.finder = SpanFinder(
+            t.render_text, t.prompt, specials, t.ends, t.openers, added, closers
+        )
         if t.tagged:
             check_tags(t, self.finder)
 
@@ -114,6 +117,31 @@ class ChatMasks:
         for n, turn in numbered:
             out += [(n, span) for span in turn.spans(self.train_reasoning, self.train_tool_calls)]
         return out
+
+
+def call_closers(template, specials, added) -> tuple[str, ...]:
+    """The added tokens that are not control tokens and close a tool call (Gemma-4's
+    `<tool_call|>`): where no special token ends a reply of tool calls before the tool's result,
+    the reply ends after its closer, which the model writes. Found on a probe chat: the added
+    tokens the template writes after the call's arguments but not before them (`<|"|>` quotes
+    both sides)."""
+    from packer.tokenize.template import PROBE, PROBE_CALL, PROBE_USER, plain_chat
+
+    plain = [t for t in added if t and t not in set(specials)]
+    if not template.tool_calls or not plain:
+        return ()
+    user = {"role": "user", "content": PROBE_USER}
+    calls = {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]}
+    try:
+        text = template.probe(plain_chat([user, calls]))
+    except Exception:
+        return ()
+    name, at = text.find("probe_tool", text.find(PROBE_USER)), text.rfind(PROBE)
+    if name < 0 or at < name:
+        return ()
+    before, after = text[name:at], text[at + len(PROBE) :]
+    stop = min((after.find(t) for t in specials if t and t in after), default=len(after))
+    return tuple(sorted(t for t in plain if t in after[:stop] and t not in before))
 
 
 def check_tags(template, finder: SpanFinder) -> None:

@@ -24,7 +24,9 @@ The contract (docs/tokenize.md says the same to users), the same for every templ
 - The *end-of-turn token* is the first special token at or after the end of the message's last
   piece. Where none comes before the next message, the turn ends where the next assistant
   message's header begins, at the end of the render, or (before a message of another role,
-  whose header is plain text) with its last piece.
+  whose header is plain text) after the added token that closes a tool call (Gemma-4's
+  `<tool_call|>`, not a control token in its vocabulary; found by probing), or else with its
+  last piece.
 - Trained, per trained assistant message: every character from the end of its header through
   the end of its end-of-turn token, template text between its pieces included (Qwen3's empty
   think block, gpt-oss's channel markers). Never trained: headers, other roles' messages,
@@ -194,8 +196,13 @@ class SpanFinder:
     tokens; `ends` the special tokens the template writes after a reply (for a tool call whose
     arguments' end cannot be marked)."""
 
-    def __init__(self, render, prompt: str, specials, ends=(), openers=(), added=()):
+    def __init__(self, render, prompt: str, specials, ends=(), openers=(), added=(), closers=()):
         self.render = render
+        self.closers = (
+            re.compile("|".join(map(re.escape, sorted(closers, key=len, reverse=True))))
+            if closers
+            else None
+        )
         self.prompt = prompt
         tokens = sorted((t for t in specials if t), key=len, reverse=True)
         self.special = re.compile("|".join(map(re.escape, tokens))) if tokens else None
@@ -388,6 +395,9 @@ class SpanFinder:
                 return first.end(), True, first.start()
         if limit == len(text) or limit in headers:
             return limit, False, None
+        closer = self.closers.search(text, after, limit) if self.closers else None
+        if closer is not None:  # a tool call closed by a token that is not a control token
+            return closer.end(), False, None
         return after, False, None
 
 
