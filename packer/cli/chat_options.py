@@ -19,7 +19,7 @@ TRAIN_ON_HELP = (
     "tokens; each trained turn includes its end-of-turn token. [default: assistant]"
 )
 TRAIN_REASONING_HELP = (
-    "Train each reply's reasoning where the template renders it (Qwen3's <think> block, "
+    "Train each reply's reasoning where the template renders it (Qwen3's think block, "
     "gpt-oss's analysis channel); --no-train-reasoning starts the reply after it. "
     "[default: --train-reasoning]"
 )
