@@ -85,7 +85,7 @@ CHECK_MODULES := pack pack_dataset column_options repack blocks out_of_core acco
 	verify_cli verify_kernels verify_faults verify_rejects verify_messages verify_report \
 	verify_library pairs_verify export_kernels inspect tokenize_encode hub_wait run_records \
 	cli_edges errors messages layers help docs doc_snippets version core_install tokenize_spans \
-	raw_record_trust tokenize_cache_trust tokenizer_reuse worker_flag_names
+	raw_record_trust tokenizer_reuse worker_flag_names
 CHECK_TESTS := $(foreach m,$(CHECK_MODULES),tests/test_$(m).py)
 
 check: setup
