@@ -8,6 +8,10 @@ The commit point (`commit_point`: the swap of an output directory, the write of 
 manifest) splits a run in two: a signal before it stops the run and leaves the previous output
 as it was; a signal after it is recorded (`late_signal`) and the run finishes, since its
 output is in place already and an exit status of 130/143 would say that nothing changed.
+
+What signals did is the state of one run (`run_scope`): the command line's lasts until its
+process exits; in a program (a notebook, a trainer, typer's CliRunner) the outermost scope
+starts and ends with none, so that a run never inherits an earlier run's interrupt.
 """
 
 from __future__ import annotations
@@ -162,7 +166,38 @@ _interrupted = _Flag()
 _exiting = _Flag()  # the command line is reporting an interrupt and exiting
 _committed = _Flag()  # an output is in place: signals no longer stop the run
 _late: list[int] = []  # signals received after the commit point
-_outputs: list[str] = []  # what this process put in place, for the interrupt's message
+_outputs: list[str] = []  # what this run put in place, for the interrupt's message
+_depth = [0]  # how many `run_scope`s the main thread is in
+
+
+def _forget_run() -> None:
+    """Clear what signals did to a run that is over (or about to start)."""
+    for state in (_interrupted, _committed, _sigterm_seen, _signalled):
+        state.clear()
+    _late.clear()
+    _outputs.clear()
+
+
+@contextmanager
+def run_scope() -> Iterator[None]:
+    """One run (a command, a library call, a build): in a program, the outermost scope starts
+    with no interrupt state and leaves none, however it ends. A run that a signal stopped left
+    its interrupt recorded, and the next run of the process (a notebook's, CliRunner's) stopped
+    at its first check, naming the earlier run's outputs as its own. The command line's state
+    is its process's (`interrupt_once_until_exit`): it reports it after the command returns."""
+    if threading.current_thread() is not threading.main_thread() or _command_line.is_set():
+        yield
+        return
+    outermost = _depth[0] == 0
+    if outermost:
+        _forget_run()
+    _depth[0] += 1
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        if outermost:
+            _forget_run()
 
 
 def _interrupt_once(signum, frame):
@@ -258,6 +293,12 @@ def commit_point(where: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    with run_scope(), _committing(where):  # a program's own commit: its state ends with it
+        yield
+
+
+@contextmanager
+def _committing(where: str) -> Iterator[None]:
     _fault_pause("commit before")
     raise_if_interrupted()  # a swallowed interrupt stops the run before, not after, its commit
     received: list[int] = []
@@ -304,7 +345,7 @@ def late_signal() -> int | None:
 
 
 def committed_outputs() -> list[str]:
-    """The outputs this process put in place (a `pack --export` interrupted in its export)."""
+    """The outputs this run put in place (a `pack --export` interrupted in its export)."""
     return list(_outputs)
 
 
@@ -406,11 +447,12 @@ def interrupt_once() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    outermost = _interrupt_once not in map(signal.getsignal, _SIGNALS)  # not the command line's
-    if outermost:
-        _interrupted.clear()  # an earlier call's interrupt is over
-        _committed.clear()
-        _late.clear()
+    with run_scope(), _first_interrupts():  # the outermost: an earlier call's interrupt is over
+        yield
+
+
+@contextmanager
+def _first_interrupts() -> Iterator[None]:
     previous = _once_handlers()
     try:
         yield
@@ -422,8 +464,6 @@ def interrupt_once() -> Iterator[None]:
             _late.clear()  # a library call whose output is in place: the caller's Ctrl-C now
             _committed.clear()
             _deliver(late, previous[late])
-        if outermost:  # a library call's commit is over: a later `preparing` holds signals
-            _committed.clear()
 
 
 def interrupt_once_until_exit() -> None:
@@ -431,10 +471,8 @@ def interrupt_once_until_exit() -> None:
     `Terminated`, so that it cleans up as Ctrl-C does), and only the first one does, so that a
     second Ctrl-C cannot break the clean-up, the error line or the interpreter's exit."""
     if threading.current_thread() is threading.main_thread():
-        for state in (_interrupted, _sigterm_seen, _exiting, _committed, _signalled):
-            state.clear()
-        _late.clear()
-        _outputs.clear()
+        _forget_run()
+        _exiting.clear()
         _once_handlers(sigterm_default=True)
         sys.unraisablehook = _unraisable_hook
         _command_line.set()
