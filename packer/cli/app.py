@@ -91,7 +91,17 @@ def fail(message: str, code: int = EXIT_FAILURE) -> typer.Exit:
 @contextmanager
 def user_errors(debug: bool):
     """Turn expected failures into one line and an exit code; --debug shows the traceback.
-    Messages name options by their flags here (`flag_names`), by their parameters in Python."""
+    Messages name options by their flags here (`flag_names`), by their parameters in Python.
+    The command is one run (`run_scope`): run in-process (CliRunner, a program), it starts with
+    no interrupt of an earlier command's, and its own ends with its error line."""
+    from packer.interrupts import run_scope
+
+    with run_scope(), _reported(debug):
+        yield
+
+
+@contextmanager
+def _reported(debug: bool):
     try:
         with flag_names():
             yield

@@ -8,6 +8,10 @@ The commit point (`commit_point`: the swap of an output directory, the write of 
 manifest) splits a run in two: a signal before it stops the run and leaves the previous output
 as it was; a signal after it is recorded (`late_signal`) and the run finishes, since its
 output is in place already and an exit status of 130/143 would say that nothing changed.
+
+What signals did is the state of one run (`run_scope`): the command line's lasts until its
+process exits; in a program (a notebook, a trainer, typer's CliRunner) the outermost scope
+starts and ends with none, so that a run never inherits an earlier run's interrupt.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
 from packer.errors import Terminated
+from packer.interrupts.safety import Flag, past_unsafe, release_held
 from packer.starting import exit_at_start as _exit_at_start
 from packer.starting import json_exit as _json_exit
 
@@ -50,28 +55,8 @@ def deferred_signals() -> Iterator[None]:
             _deliver(received[0], previous[received[0]])
 
 
-class _Flag:
-    """A flag that signal handlers set and clear. Not `threading.Event`: its `set` takes a lock,
-    and a second signal whose handler runs inside the first one's `set` (same thread, lock held)
-    waits on it forever: a `pack` hung so after two quick Ctrl-C's. An assignment takes none."""
-
-    __slots__ = ("_on",)
-
-    def __init__(self) -> None:
-        self._on = False
-
-    def set(self) -> None:
-        self._on = True
-
-    def clear(self) -> None:
-        self._on = False
-
-    def is_set(self) -> bool:
-        return self._on
-
-
-_sigterm_seen = _Flag()
-_signalled = _Flag()  # a SIGINT or SIGTERM reached one of packer's handlers
+_sigterm_seen = Flag()
+_signalled = Flag()  # a SIGINT or SIGTERM reached one of packer's handlers
 
 
 def _raise_terminated(signum, frame):
@@ -79,54 +64,11 @@ def _raise_terminated(signum, frame):
     if _committed.is_set():
         _late.append(signum)
         return
-    if _past_unsafe(_raise_terminated, signum, frame):
+    if past_unsafe(_raise_terminated, signum, frame):
         return
-    _release_held()
+    release_held()
     _sigterm_seen.set()
     raise Terminated()
-
-
-_LLVMLITE = os.path.join("llvmlite", "binding", "")
-_held: dict = {}  # while `_past_unsafe` waits: the tracer it replaced, the frames it traces
-
-
-def _unsafe(code) -> bool:
-    """Code an exception must not stop: importlib's lock code (raised between `_imp.acquire_lock()`
-    and its `try`, it leaves the lock held and every later import waits: a `pack` hung so), and
-    llvmlite's wrappers (a native object left half made: its `__del__` fails, or frees twice)."""
-    return code.co_filename == "<frozen importlib._bootstrap>" or _LLVMLITE in code.co_filename
-
-
-def _past_unsafe(handler, signum: int, frame) -> bool:
-    """Whether the main thread runs `_unsafe` code (`frame`); `handler` then runs at the first line
-    past it, from a trace function (a signal sent again runs it at once, inside itself)."""
-    if frame is None or not _unsafe(frame.f_code):
-        return False
-    if _held:  # one is waiting already
-        return True
-
-    def trace(f, event, arg):
-        if not _held or _unsafe(f.f_code):
-            return trace if _held else None
-        _release_held()
-        handler(signum, f)  # raises here; Python then turns tracing off (a debugger's too)
-        return None
-
-    _held["previous"], _held["frames"] = sys.gettrace(), []
-    while frame is not None:
-        frame.f_trace = trace
-        _held["frames"].append(frame)
-        frame = frame.f_back
-    sys.settrace(trace)
-    return True
-
-
-def _release_held() -> None:
-    """Stop waiting for the end of `_unsafe` code: the interrupt is raised now."""
-    if _held:
-        for frame in _held.pop("frames"):
-            frame.f_trace = None
-        sys.settrace(_held.pop("previous"))
 
 
 def sigterm_seen() -> bool:
@@ -145,6 +87,12 @@ def sigterm_as_interrupt() -> Iterator[None]:
     ):
         yield
         return
+    with run_scope(), _sigterm_raising():  # a run's: a SIGTERM under it is not the next run's
+        yield
+
+
+@contextmanager
+def _sigterm_raising() -> Iterator[None]:
     _sigterm_seen.clear()
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
@@ -158,11 +106,42 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-_interrupted = _Flag()
-_exiting = _Flag()  # the command line is reporting an interrupt and exiting
-_committed = _Flag()  # an output is in place: signals no longer stop the run
+_interrupted = Flag()
+_exiting = Flag()  # the command line is reporting an interrupt and exiting
+_committed = Flag()  # an output is in place: signals no longer stop the run
 _late: list[int] = []  # signals received after the commit point
-_outputs: list[str] = []  # what this process put in place, for the interrupt's message
+_outputs: list[str] = []  # what this run put in place, for the interrupt's message
+_depth = [0]  # how many `run_scope`s the main thread is in
+
+
+def _forget_run() -> None:
+    """Clear what signals did to a run that is over (or about to start)."""
+    for state in (_interrupted, _committed, _sigterm_seen, _signalled):
+        state.clear()
+    _late.clear()
+    _outputs.clear()
+
+
+@contextmanager
+def run_scope() -> Iterator[None]:
+    """One run (a command, a library call, a build): in a program, the outermost scope starts
+    with no interrupt state and leaves none, however it ends: otherwise the interrupt of a run
+    that a signal stopped would stop the next run of the process (a notebook's, CliRunner's)
+    at its first check, its error line naming the earlier run's outputs. The command line's
+    state is its process's (`interrupt_once_until_exit`), reported after the command returns."""
+    if threading.current_thread() is not threading.main_thread() or _command_line.is_set():
+        yield
+        return
+    outermost = _depth[0] == 0
+    if outermost:
+        _forget_run()
+    _depth[0] += 1
+    try:
+        yield
+    finally:
+        _depth[0] -= 1
+        if outermost:
+            _forget_run()
 
 
 def _interrupt_once(signum, frame):
@@ -178,11 +157,11 @@ def _interrupt_once(signum, frame):
         return
     if _interrupted.is_set() and _stopping():
         return
-    if _past_unsafe(_interrupt_once, signum, frame):
+    if past_unsafe(_interrupt_once, signum, frame):
         return
     # not SIG_IGN here: a second signal caught meanwhile, still pending, would be reported as
     # "ignored due to race condition"; the CLI ignores them once it exits (`ignore_interrupts`)
-    _release_held()
+    release_held()
     _interrupted.set()
     raise _interrupt_for(signum)
 
@@ -258,6 +237,12 @@ def commit_point(where: str) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    with run_scope(), _committing(where):  # a program's own commit: its state ends with it
+        yield
+
+
+@contextmanager
+def _committing(where: str) -> Iterator[None]:
     _fault_pause("commit before")
     raise_if_interrupted()  # a swallowed interrupt stops the run before, not after, its commit
     received: list[int] = []
@@ -304,7 +289,7 @@ def late_signal() -> int | None:
 
 
 def committed_outputs() -> list[str]:
-    """The outputs this process put in place (a `pack --export` interrupted in its export)."""
+    """The outputs this run put in place (a `pack --export` interrupted in its export)."""
     return list(_outputs)
 
 
@@ -348,7 +333,7 @@ def reported() -> bool:
     return _exiting.is_set()
 
 
-_command_line = _Flag()  # this process is packer's command line (its handlers)
+_command_line = Flag()  # this process is packer's command line (its handlers)
 
 
 @contextmanager
@@ -406,11 +391,12 @@ def interrupt_once() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    outermost = _interrupt_once not in map(signal.getsignal, _SIGNALS)  # not the command line's
-    if outermost:
-        _interrupted.clear()  # an earlier call's interrupt is over
-        _committed.clear()
-        _late.clear()
+    with run_scope(), _first_interrupts():  # the outermost: an earlier call's interrupt is over
+        yield
+
+
+@contextmanager
+def _first_interrupts() -> Iterator[None]:
     previous = _once_handlers()
     try:
         yield
@@ -422,8 +408,6 @@ def interrupt_once() -> Iterator[None]:
             _late.clear()  # a library call whose output is in place: the caller's Ctrl-C now
             _committed.clear()
             _deliver(late, previous[late])
-        if outermost:  # a library call's commit is over: a later `preparing` holds signals
-            _committed.clear()
 
 
 def interrupt_once_until_exit() -> None:
@@ -431,10 +415,8 @@ def interrupt_once_until_exit() -> None:
     `Terminated`, so that it cleans up as Ctrl-C does), and only the first one does, so that a
     second Ctrl-C cannot break the clean-up, the error line or the interpreter's exit."""
     if threading.current_thread() is threading.main_thread():
-        for state in (_interrupted, _sigterm_seen, _exiting, _committed, _signalled):
-            state.clear()
-        _late.clear()
-        _outputs.clear()
+        _forget_run()
+        _exiting.clear()
         _once_handlers(sigterm_default=True)
         sys.unraisablehook = _unraisable_hook
         _command_line.set()
