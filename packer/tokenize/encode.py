@@ -59,7 +59,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
 TURNS = ("all", "one-per-sample")
-PROOF_TEXTS = 2048  # texts of the first batch compared between the engines
+PROOF_TEXTS = 256  # texts of the first batch compared between the engines (in each worker)
 ENCODING_VERSION = 3  # bump when the same inputs and options would give other ids or labels
 
 
@@ -299,7 +299,9 @@ class Encoder:
                 for text, trained in samples:
                     texts.append(text)
                     chats.append(trained)
-        engine = self.resolve_engine(texts + plain).engine
+        if self.resolved is None or not self.proven_on_texts:
+            self.resolve_engine(texts[:PROOF_TEXTS] + plain[:PROOF_TEXTS])
+        engine = self.resolved.engine
         plain_ids = iter(engine.encode_batch(plain, add_special_tokens=True) if plain else [])
         chat_ids = engine.encode_batch(texts, add_special_tokens=False) if texts else []
         bounds = iter(self.turn_boundaries(engine, texts, chat_ids, chats))
