@@ -41,7 +41,7 @@ import numpy as np
 
 from packer.arguments import boolean, choice
 from packer.errors import UsageError, option
-from packer.tokenize.boundaries import token_boundaries_batch
+from packer.tokenize.boundaries import token_boundaries_batch, token_crosses
 from packer.tokenize.chat import ChatMasks
 from packer.tokenize.checks import check_control, check_weights, control_pattern, special_tokens
 from packer.tokenize.engines import ENGINES, HFEngine, Resolved, fallback_line, not_proven
@@ -390,7 +390,7 @@ class Encoder:
             found = bounds[at : at + len(shorter) + 2]
             at += len(shorter) + 2
             first = found[0]
-            if first is None and self.crossed(listed, text, start):
+            if first is None and token_crosses(self.reference.backend, listed, text, start):
                 # a token crosses the header's end: the first of the shorter header ends
                 # that the render tokenizes at (`spans.Turn.spans`)
                 first = next((b for b in found[1:-1] if b is not None), None)
@@ -419,7 +419,7 @@ class Encoder:
         """Why the render does not tokenize at `char` as its prefix: a token of the whole render
         crosses it, or (no token does, the ids decoded show) the text before it tokenizes
         otherwise alone. Only on a refused chat: decoding is no engine's work."""
-        if self.crossed(listed, text, char):
+        if token_crosses(self.reference.backend, listed, text, char):
             return (
                 f"a token crosses the {side} of assistant turn {turn} (tokenizing the whole chat "
                 "merges the reply with the text around it: strip the spaces or newlines at the "
@@ -431,18 +431,6 @@ class Encoder:
             "the whole chat (tokens merge across the turn boundary), so the model would "
             "be trained on a prompt it never sees at inference"
         )
-
-    def crossed(self, listed: list[int], text: str, char: int) -> bool:
-        """Whether no run of the render's first tokens decodes to exactly `text[:char]`."""
-        backend, wanted = self.reference.backend, text[:char]
-        low, high = 0, len(listed)
-        while low < high:  # the first k whose decoded prefix reaches `char` characters
-            mid = (low + high) // 2
-            if len(backend.decode(listed[:mid], skip_special_tokens=False)) < len(wanted):
-                low = mid + 1
-            else:
-                high = mid
-        return backend.decode(listed[:low], skip_special_tokens=False) != wanted
 
     def empty_mask(self, index: int) -> None:
         if not self.allow_empty_mask:
