@@ -266,3 +266,22 @@ def test_pack_dataset_takes_the_engine(tok):
         pack_dataset(table, 512, tokenizer=str(tok), tokenizer_engine="x")
     with pytest.raises(ValueError, match="tokenizer_engine needs tokenizer="):
         pack_dataset([[1, 2, 3]], 8, tokenizer_engine="hf")
+
+
+def test_the_config_file_key(cli, nfkc, tmp_path):
+    """`tokenizer_engine:` in a --config file, overridden by the flag, left out of the manifest's
+    config (it never changes the bytes)."""
+    raw = raw_file(tmp_path / "raw.jsonl", 20)
+    config = tmp_path / "c.yaml"
+    config.write_text("max_len: 512\ntokenizer_engine: fastokens\n")
+    pack = ("pack", raw, "--tokenizer", nfkc, "--config", config)
+    res = cli(*pack, "-o", tmp_path / "p")
+    assert res.exit_code == 2 and "fastokens cannot load this tokenizer" in res.stderr
+    res = cli(*pack, "-o", tmp_path / "p", "--tokenizer-engine", "hf")
+    assert res.exit_code == 0, res.output
+    assert "tokenizing with hf" not in res.stderr
+    manifest = json.loads((tmp_path / "p" / "manifest.json").read_text())
+    assert "tokenizer_engine" not in manifest["config"]
+    config.write_text("max_len: 512\ntokenizer_engine: fast\n")
+    res = cli(*pack, "-o", tmp_path / "q")
+    assert res.exit_code == 2 and "unknown --tokenizer-engine 'fast'" in res.stderr
