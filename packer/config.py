@@ -28,9 +28,10 @@ from packer.planning.multiple import cp_multiple, multiple_text
 
 ON_ERROR = ("error", "skip")
 ENGINES = ("local", "ray")
-# Where a run executes, not what it produces: left out of the manifest, so that both engines
-# write the same bytes and a manifest's config reruns on either.
-RUNTIME_FIELDS = ("engine", "ray_address")
+TOKENIZER_ENGINES = ("auto", "hf", "fastokens")
+# Where a run executes, or what tokenizes it, not what it produces: left out of the manifest,
+# so that every engine writes the same bytes and a manifest's config reruns on any.
+RUNTIME_FIELDS = ("engine", "ray_address", "tokenizer_engine")
 
 PAIR_FIELDS = ("prompt_column", "chosen_column", "rejected_column")
 COLUMN_FIELDS = ("input_column", "labels_column", *PAIR_FIELDS)
@@ -76,6 +77,9 @@ class PackConfig:
     # sequence_parallel, tp_size changes nothing. Recorded only when sequence_parallel is on.
     tp_size: int = 1
     sequence_parallel: bool = False
+    # With --tokenizer: what turns raw texts into ids ("auto", "hf", "fastokens"); the same
+    # bytes with any (packer.tokenize.engines), so a runtime field
+    tokenizer_engine: str = "auto"
 
     @property
     def segment_multiple(self) -> int:
@@ -118,6 +122,7 @@ class PackConfig:
         self.window = A.integer(self.window, "window", minimum=1, none=True)
         self.seed = A.integer(self.seed, "seed", minimum=0)
         A.choice(self.engine, "engine", ENGINES)
+        A.choice(self.tokenizer_engine, "tokenizer_engine", TOKENIZER_ENGINES)
         if isinstance(self.block_size, str):
             self.block_size = parse_size(self.block_size, option("block_size"), minimum=1)
         self.block_size = A.integer(self.block_size, "block_size", minimum=1, none=True)

@@ -2,7 +2,7 @@
 plain baseline on the same chats: render every chat with the template, then batch-tokenize the
 renders, with no masks and no checks.
 
-    PYTHONPATH=. python scripts/bench_encode.py --chats 2000 --template plain
+    PYTHONPATH=. python scripts/bench_encode.py --chats 2000 --template plain [--tokenizer-engine hf]
 
 The tokenizer is a byte-level BPE trained on the spot (tests/tokenizers_util.py, no hub), with
 ChatML with generation tags (`tagged`) or without (`plain`: masks by prefix rendering). Each
@@ -39,11 +39,14 @@ def main() -> None:
     parser.add_argument("--template", choices=["tagged", "plain"], default="plain")
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--tokenizer-engine", choices=["hf", "fastokens", "auto"], default="hf")
     args = parser.parse_args()
     rng = random.Random(0)
     chats = [generated_chat(rng) for _ in range(args.chats)]
     with tempfile.TemporaryDirectory() as tmp:
-        encoder = Encoder(build_tokenizer(Path(tmp) / "tok", TEMPLATES[args.template]))
+        path = build_tokenizer(Path(tmp) / "tok", TEMPLATES[args.template])
+        encoder = Encoder(path, tokenizer_engine=args.tokenizer_engine)
+        encoder.resolve_engine()  # the engine's build and proof are per run, not per batch
     records = [to_record({"messages": c}) for c in chats]
     tok = encoder.tokenizer
     batches = [range(i, min(i + args.batch, len(chats))) for i in range(0, len(chats), args.batch)]
@@ -68,7 +71,8 @@ def main() -> None:
     enc_s, encoded = min(e for _, e in runs)
     assert encoded == tokens, (encoded, tokens)
     print(
-        f"{args.chats} chats, {tokens:,} tokens, template {args.template} ({encoder.template.method})"
+        f"{args.chats} chats, {tokens:,} tokens, template {args.template} "
+        f"({encoder.template.method}), engine {encoder.engine_name}"
     )
     print(
         f"baseline (render + batch tokenize, no masks): {base_s:.3f} s, {tokens / base_s:,.0f} tokens/s"

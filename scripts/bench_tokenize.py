@@ -35,6 +35,7 @@ independent reference), and that `packer tokenize` + `packer pack` gives the sam
 
     python scripts/bench_tokenize.py                # 20,000 lines, all cores
     python scripts/bench_tokenize.py --lines 4000 --workers 2 --memory 20000 80000
+    python scripts/bench_tokenize.py --lines 5000 --no-trl --tokenizer-engine hf  # or fastokens
     python scripts/bench_tokenize.py --lines 2000 --workers 2 --no-trl \\
         --axolotl /work/venvs/axolotl/bin/python
 """
@@ -390,6 +391,12 @@ def main() -> None:
     )
     ap.add_argument("--memory", type=int, nargs=2, default=None, metavar=("N1", "N2"))
     ap.add_argument("--memory-budget", default="1GiB")
+    ap.add_argument(
+        "--tokenizer-engine",
+        choices=["auto", "hf", "fastokens"],
+        default="auto",
+        help="packer's --tokenizer-engine (the baseline and the peers always use hf)",
+    )
     args = ap.parse_args()
     if args.axolotl and not os.access(args.axolotl, os.X_OK):
         ap.error(
@@ -411,7 +418,8 @@ def main() -> None:
         raw.write_text("".join(json.dumps(r) + "\n" for r in records))
         make_tokenizer(tmp / "tok", records)
         workers = ["--workers", args.workers] if args.workers else []
-        common = ("--tokenizer", tmp / "tok", "--overlength", "split", *workers)
+        engine = ("--tokenizer-engine", args.tokenizer_engine)
+        common = ("--tokenizer", tmp / "tok", "--overlength", "split", *workers, *engine)
         for k in range(args.repeat):
             env = {**os.environ, "PYTHONPATH": str(ROOT), "PACKER_CACHE_DIR": str(tmp / f"c{k}")}
             base, by_line = baseline(raw, tmp / "tok", threads=False)
@@ -432,7 +440,15 @@ def main() -> None:
                 )
                 runs["axolotl"].append(seconds)
         packer(
-            "tokenize", raw, "--tokenizer", tmp / "tok", "-o", tmp / "tok-out", *workers, env=env
+            "tokenize",
+            raw,
+            "--tokenizer",
+            tmp / "tok",
+            "-o",
+            tmp / "tok-out",
+            *workers,
+            *engine,
+            env=env,
         )
         packer(
             "pack",
@@ -453,7 +469,8 @@ def main() -> None:
             memory = memory_rows(args.memory, workers, args.memory_budget, args.seed, tmp)
     load = os.getloadavg()[0]
     print(
-        f"{args.lines:,} lines ({chats:,} chats), {cores} workers, ChatML without generation tags"
+        f"{args.lines:,} lines ({chats:,} chats), {cores} workers, ChatML without generation tags, "
+        f"--tokenizer-engine {args.tokenizer_engine}"
     )
     print(f"load average {load:.1f} on {os.cpu_count()} cores; medians of {args.repeat} runs")
     print("| run | wall s | vs baseline | vs threaded baseline | CPU s | vs baseline |")

@@ -252,15 +252,16 @@ def test_a_prompt_that_tokenizes_otherwise_alone_is_caught(toks, tmp_path):
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATES["plain"].replace("\\n' }}", "\\n\\n' }}"))
     enc = Encoder(toks["bare"], chat_template=template)
-    assert len(enc.chat_backend.encode("\n\n").ids) == 1
-    assert len(enc.chat_backend.encode("\n\nthe").ids) == 3
+    backend = enc.tokenizer.backend_tokenizer
+    assert len(backend.encode("\n\n", add_special_tokens=False).ids) == 1
+    assert len(backend.encode("\n\nthe", add_special_tokens=False).ids) == 3
     chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the water"}]
     with pytest.raises(RawRecordError, match="before assistant turn 1 tokenizes differently alone"):
         encode_one(enc, {"messages": chat})
 
 
 def test_a_prompt_tail_seen_before_is_still_checked_on_every_chat(toks, tmp_path):
-    # the second chat's tail comes from the encoder's memo of tails: the check still fires
+    # the second chat's tail comes from the encoder's memo of pieces: the check still fires
     template = tmp_path / "t.jinja"
     template.write_text(TEMPLATES["plain"].replace("\\n' }}", "\\n\\n' }}"))
     enc = Encoder(toks["bare"], chat_template=template)
@@ -268,12 +269,12 @@ def test_a_prompt_tail_seen_before_is_still_checked_on_every_chat(toks, tmp_path
     for _ in range(2):
         with pytest.raises(RawRecordError, match="before assistant turn 1 tokenizes differently"):
             encode_one(enc, {"messages": chat})
-    assert list(enc.tails) == ["<|im_start|>assistant\n\n"]
+    assert "<|im_start|>assistant\n\n" in enc.memo
 
 
 def test_long_prompt_tails_are_tokenized_each_time_not_kept(toks, tmp_path):
     # no special token between the user's text and the reply: each tail holds the user's text
-    from packer.tokenize.encode import TAIL_CHARS
+    from packer.tokenize.boundaries import MEMO_CHARS
 
     template = tmp_path / "t.jinja"
     template.write_text(
@@ -292,8 +293,9 @@ def test_long_prompt_tails_are_tokenized_each_time_not_kept(toks, tmp_path):
     assert all((a == b).all() for x, y in zip(first, again) for a, b in zip(x, y))
     assert all((a == b).all() for a, b in zip(first[1], fresh[0]))
     assert trained(enc, *first[1]) == f"the oil{EOT}"
-    assert list(enc.tails) == ["<|im_start|>user\nhi\nA:\n"]
-    assert all(len(tail) <= TAIL_CHARS for tail in enc.tails)
+    kept = [piece for piece in enc.memo if piece not in enc.specials]
+    assert kept == ["<|im_start|>user\nhi\nA:\n"]
+    assert all(isinstance(piece, str) and len(piece) <= MEMO_CHARS for piece in enc.memo)
 
 
 def test_content_holding_a_control_token_is_refused(encoders):
@@ -306,12 +308,11 @@ def test_content_holding_a_control_token_is_refused(encoders):
 
 def test_empty_mask_is_refused_unless_allowed(toks):
     strict, lenient = Encoder(toks["plain"]), Encoder(toks["plain"], allow_empty_mask=True)
-    encoding = strict.chat_backend.encode(
-        "<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False
-    )
+    backend = strict.tokenizer.backend_tokenizer
+    listed = backend.encode("<|im_start|>user\nhi<|im_end|>\n", add_special_tokens=False).ids
     with pytest.raises(RawRecordError, match="no token is trained"):
-        strict.chat_sample(encoding, [], [], 0)
-    ids, labels = lenient.chat_sample(encoding, [], [], 0)
+        strict.chat_sample(listed, [], [], 0)
+    ids, labels = lenient.chat_sample(listed, [], [], 0)
     assert (labels == -100).all() and len(ids) > 0
 
 

@@ -32,7 +32,13 @@ from packer.cli.mix import (
     validation_export_target,
 )
 from packer.cli.pack_export import check_export_config, export_outputs, export_target
-from packer.cli.raw import PackTokenizing, raw_source, tokenize_for_pack
+from packer.cli.raw import (
+    TOKENIZER_ENGINE_HELP,
+    TOKENIZER_ENGINES,
+    PackTokenizing,
+    raw_source,
+    tokenize_for_pack,
+)
 from packer.config import ENGINES, ON_ERROR, build_config
 from packer.contract.names import POLICIES
 from packer.hashing import ALGORITHMS
@@ -268,6 +274,12 @@ def pack(
     train_reasoning: Optional[bool] = raw_option("train_reasoning"),
     train_tool_calls: Optional[bool] = raw_option("train_tool_calls"),
     turns: Optional[str] = raw_option("turns"),
+    tokenizer_engine: Optional[str] = typer.Option(
+        None,
+        "--tokenizer-engine",
+        metavar=choices(TOKENIZER_ENGINES),
+        help="With --tokenizer: " + TOKENIZER_ENGINE_HELP,
+    ),
     mix: Optional[list[str]] = mix_option(),
     mix_tokens: Optional[int] = mix_tokens_option(),
     validation_split: Optional[str] = split_option(),
@@ -328,6 +340,7 @@ def pack(
             train_reasoning=train_reasoning,
             train_tool_calls=train_tool_calls,
             turns=turns,
+            tokenizer_engine=tokenizer_engine,
             workers=workers,
             memory_budget=memory_budget,
             resume=resume,

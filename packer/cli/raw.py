@@ -31,6 +31,13 @@ RAW_KEYS = (
     "output",
 )
 
+TOKENIZER_ENGINES = ("auto", "hf", "fastokens")
+TOKENIZER_ENGINE_HELP = (
+    "What turns texts into ids: hf (Hugging Face tokenizers, the reference), fastokens (faster; "
+    "only where it loads the tokenizer and is proven to give hf's ids on it, else an error) or "
+    "auto (fastokens where installed and proven, else hf with one line saying why). The output "
+    "is the same bytes with either (docs/engines.md). [default: auto]"
+)
 TOKENIZER_HELP = (
     "A local tokenizer directory (save_pretrained layout; works offline) or a hub name "
     "(needs the hub)."
@@ -48,9 +55,10 @@ def make_encoder(
     train_on: str | None,
     allow_empty_mask: bool,
     options: dict | None = None,
+    tokenizer_engine: str | None = None,
 ):
     """The encoder the flags describe (errors name --tokenizer, --chat-template, --train-on,
-    --turns); `options`: `mask_options`."""
+    --turns, --tokenizer-engine); `options`: `mask_options`."""
     from packer import arguments as A
     from packer.tokenize.encode import Encoder
 
@@ -63,6 +71,7 @@ def make_encoder(
         chat_template=str(chat_template) if chat_template is not None else None,
         train_on=train_on,
         allow_empty_mask=allow_empty_mask,
+        tokenizer_engine=tokenizer_engine or "auto",
         **given,
     )
 
@@ -175,6 +184,7 @@ class PackTokenizing:
     train_reasoning: bool | None
     train_tool_calls: bool | None
     turns: str | None
+    tokenizer_engine: str | None  # --tokenizer-engine (None: the config's `tokenizer_engine`)
     workers: int | None
     memory_budget: str | None
     resume: bool
@@ -186,10 +196,17 @@ class PackTokenizing:
 
 
 def tokenize_for_pack(
-    inputs, output, cfg, repack: bool, mixing: dict, flags: PackTokenizing
+    inputs,
+    output,
+    cfg,
+    repack: bool,
+    mixing: dict,
+    flags: PackTokenizing,
 ) -> RawPack | None:
     """Tokenize pack's raw INPUT, or each raw source of --mix (`mixing`, the mixture options),
-    through the cache (None without --tokenizer)."""
+    through the cache (None without --tokenizer). The tokenizer engine (--tokenizer-engine,
+    else the config's `tokenizer_engine`) is not part of the cache key: every engine gives the
+    same bytes."""
     from packer.errors import UsageError
 
     if flags.resume and cfg.block_size is None and cfg.engine == "local":  # before tokenizing
@@ -200,6 +217,7 @@ def tokenize_for_pack(
     options = flags.mask_options()
     if flags.tokenizer is None:
         flag = given_mask_flag(options)
+        flag = "--tokenizer-engine" if flags.tokenizer_engine is not None else flag
         if flags.chat_template is not None or flags.train_on is not None or flag:
             flag = "--chat-template" if flags.chat_template is not None else flag
             flag = "--train-on" if flags.train_on is not None else flag
@@ -212,7 +230,8 @@ def tokenize_for_pack(
     from packer.tokenize.cache import local_tokenizer_key
 
     train_on = A.choice(flags.train_on or "assistant", "train_on", TRAIN_ON)
-    flags = replace(flags, train_on=train_on)
+    engine = flags.tokenizer_engine or cfg.tokenizer_engine
+    flags = replace(flags, train_on=train_on, tokenizer_engine=engine)
     key = with_mask_options(
         local_tokenizer_key(flags.tokenizer, flags.chat_template, train_on), options
     )
@@ -267,7 +286,12 @@ def _tokenized(inputs, output, cfg, flags: PackTokenizing, key: str, runner):
         result = tokenized_input(
             inputs,
             lambda: make_encoder(
-                flags.tokenizer, flags.chat_template, flags.train_on, False, flags.mask_options()
+                flags.tokenizer,
+                flags.chat_template,
+                flags.train_on,
+                False,
+                flags.mask_options(),
+                flags.tokenizer_engine,
             ),
             encoder_key=key,
             workers=flags.workers,
@@ -363,7 +387,8 @@ def retokenized(output: str, inputs, tokenizer, chat_template, train_on, options
     """`verify --input RAW --tokenizer`: the raw inputs tokenized afresh into a temporary
     directory (never the cache: the check is against a new render of the raw records, its
     spans found again by the same code), after checking that the output was packed with the
-    same encoder. Yields the inputs to verify. `options`: `mask_options`."""
+    same encoder, always with the `hf` engine. Yields the inputs to verify. `options`:
+    `mask_options`."""
     if tokenizer is None:
         flag = given_mask_flag(options)
         if chat_template is not None or train_on is not None or flag:
@@ -380,7 +405,8 @@ def retokenized(output: str, inputs, tokenizer, chat_template, train_on, options
 
     from packer.tokenize.run import tokenize
 
-    encoder = make_encoder(tokenizer, chat_template, train_on, False, options)
+    # always the reference engine: an output made with fastokens is checked by hf
+    encoder = make_encoder(tokenizer, chat_template, train_on, False, options, "hf")
     try:
         manifest = json.loads((Path(output) / "manifest.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -33,6 +33,8 @@ from packer.cli.raw import (
     COLUMN_HELP,
     ENGINES,
     ON_ERROR,
+    TOKENIZER_ENGINE_HELP,
+    TOKENIZER_ENGINES,
     TOKENIZER_HELP,
     engine_runner,
     make_encoder,
@@ -71,6 +73,12 @@ def tokenize(
         None, "--train-tool-calls/--no-train-tool-calls", help=TRAIN_TOOL_CALLS_HELP
     ),
     turns: Optional[str] = typer.Option(None, "--turns", metavar=choices(TURNS), help=TURNS_HELP),
+    tokenizer_engine: Optional[str] = typer.Option(
+        None,
+        "--tokenizer-engine",
+        metavar=choices(TOKENIZER_ENGINES),
+        help=TOKENIZER_ENGINE_HELP,
+    ),
     allow_empty_mask: bool = typer.Option(
         False,
         "--allow-empty-mask",
@@ -133,7 +141,12 @@ def tokenize(
         set_storage_options(storage_option)
         runs_on = engine_runner(engine, ray_address, workers)
         encoder = make_encoder(
-            tokenizer, chat_template, train_on, allow_empty_mask, mask_options(locals())
+            tokenizer,
+            chat_template,
+            train_on,
+            allow_empty_mask,
+            mask_options(locals()),
+            tokenizer_engine,
         )
         columns = raw_columns(column)
         with tokenize_progress(not json_out) as progress, sigterm_as_interrupt(), runs_on as runner:

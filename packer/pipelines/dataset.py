@@ -364,6 +364,7 @@ def pack_dataset(
     train_on: str | None = None,
     allow_empty_mask: bool = False,
     raw_columns: dict[str, str] | None = None,
+    tokenizer_engine: str = "auto",
     mix=None,
     mix_tokens: int | None = None,
     validation_split: float | int | None = None,
@@ -387,8 +388,7 @@ def pack_dataset(
     datasets' temporary cache directory, removed at exit. The file is always written afresh
     (never reused; an existing one is replaced), under a temporary name renamed into place once
     complete. `keep_in_memory=True` packs into memory instead, as for an in-memory Dataset;
-    `cache_file_name` writes the file to that path instead (for any Dataset input). Either way
-    the rows and bytes are the same.
+    `cache_file_name` writes the file to that path instead (for any Dataset input): same bytes.
 
     Bad samples raise `packer.errors.SampleError`, bad options `OptionError` (both
     `ValueError`s), with the CLI's messages naming `sample N`; a cache file that cannot be
@@ -399,8 +399,8 @@ def pack_dataset(
     tokenizer (a directory, hub name, transformers tokenizer or `packer.tokenize.Encoder`):
     `data` holds raw rows (a Dataset, IterableDataset or table of chats, texts, prompt/
     completion, ShareGPT or Alpaca columns), tokenized as `packer pack RAW --tokenizer` does,
-    to the same rows; chat_template (a file or its text), train_on, allow_empty_mask and
-    raw_columns (`{"messages": "dialog"}`) as its flags. A bad row is `row N` (its index);
+    to the same rows; chat_template (a file or its text), train_on, allow_empty_mask, raw_columns
+    (`{"messages": "dialog"}`) and tokenizer_engine as its flags. A bad row is `row N` (its index);
     `on_error="skip"` lists it in the stats' `raw_rejects` (`packer.pipelines.raw_dataset`).
     mix (`[(data, weight), ...]` or `{name: (data, weight)}`, with `data=None`), mix_tokens and
     validation_split: a weighted mixture and a held-out split (`pipelines.mixture.dataset`).
@@ -423,14 +423,14 @@ def pack_dataset(
         workers = A.integer(workers, "workers", minimum=1, none=True)
         n_workers = workers_mod.configure(workers) if workers else workers_mod.current()
         _check_arguments(data, labels, return_stats, keep_in_memory, cache_file_name)
-        options = (tokenizer, chat_template, train_on, allow_empty_mask, raw_columns)
-        check_unused(*options)
+        raw = (tokenizer, chat_template, train_on, allow_empty_mask, raw_columns, tokenizer_engine)
+        check_unused(*raw)
         if any(v is not None for v in (mix, mix_tokens, validation_split)):
             args = (labels, tokenizer, cache_file_name, n_workers)
             packed, stats = pack_mixture_tables(mix, data, cfg, mix_tokens, validation_split, *args)
         elif tokenizer is not None:
             return _pack_raw_rows(
-                data, cfg, labels, n_workers, keep_in_memory, cache_file_name, options, return_stats
+                data, cfg, labels, n_workers, keep_in_memory, cache_file_name, raw, return_stats
             )
         elif _held(data):
             packed, stats = _pack_held(

@@ -56,7 +56,15 @@ class RawTokenizer:
     """An encoder for `pack_dataset`'s options, and the temporary directory its tokenizer or
     template lives in when given as an object or as text (removed by `close`)."""
 
-    def __init__(self, tokenizer, chat_template, train_on, allow_empty_mask, raw_columns):
+    def __init__(
+        self,
+        tokenizer,
+        chat_template,
+        train_on,
+        allow_empty_mask,
+        raw_columns,
+        tokenizer_engine: str = "auto",
+    ):
         from packer.tokenize.encode import Encoder
         from packer.tokenize.records import RawColumns
 
@@ -64,17 +72,20 @@ class RawTokenizer:
         self.columns = _columns(raw_columns, RawColumns())
         try:
             if isinstance(tokenizer, Encoder):
-                if chat_template is not None or train_on is not None or allow_empty_mask:
+                given = chat_template is not None or train_on is not None or allow_empty_mask
+                if given or tokenizer_engine != "auto":
                     raise UsageError(
-                        "chat_template, train_on and allow_empty_mask are the Encoder's own: "
-                        "give them to Encoder(...), not with it"
+                        "chat_template, train_on, allow_empty_mask and tokenizer_engine are the "
+                        "Encoder's own: give them to Encoder(...), not with it"
                     )
                 self.encoder = tokenizer
                 return
             source = self._source(tokenizer)
             template = self._template(chat_template)
             train_on = A.choice(train_on or "assistant", "train_on", TRAIN_ON)
-            self.encoder = Encoder(source, template, train_on, allow_empty_mask)
+            self.encoder = Encoder(
+                source, template, train_on, allow_empty_mask, tokenizer_engine=tokenizer_engine
+            )
         except BaseException:
             self.close()
             raise
@@ -137,16 +148,18 @@ def _columns(raw_columns, default):
 
 
 @contextmanager
-def raw_tokenizer(tokenizer, chat_template, train_on, allow_empty_mask, raw_columns):
-    """A `RawTokenizer` for the call, its temporary files removed at the end."""
-    raw = RawTokenizer(tokenizer, chat_template, train_on, allow_empty_mask, raw_columns)
+def raw_tokenizer(*options):
+    """A `RawTokenizer(*options)` for the call, its temporary files removed at the end."""
+    raw = RawTokenizer(*options)
     try:
         yield raw
     finally:
         raw.close()
 
 
-def check_unused(tokenizer, chat_template, train_on, allow_empty_mask, raw_columns) -> None:
+def check_unused(
+    tokenizer, chat_template, train_on, allow_empty_mask, raw_columns, tokenizer_engine="auto"
+) -> None:
     """Tokenizer options without a tokenizer are a mistake, not something to ignore."""
     if tokenizer is not None:
         return
@@ -155,6 +168,7 @@ def check_unused(tokenizer, chat_template, train_on, allow_empty_mask, raw_colum
         "train_on": train_on is not None,
         "allow_empty_mask": bool(allow_empty_mask),
         "raw_columns": raw_columns is not None,
+        "tokenizer_engine": tokenizer_engine != "auto",
     }
     for name, present in given.items():
         if present:

@@ -32,6 +32,7 @@ def tokenize_task(
     key = (spec["fingerprint"], columns, on_error)
     if _ready.get("key") != key:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per task
+        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # fastokens' pool too
         setup(spec, columns, on_error)
         _ready["key"] = key
     done = tokenize_batch(batch, directory)

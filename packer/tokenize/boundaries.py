@@ -70,6 +70,20 @@ def token_boundaries_batch(
     return out
 
 
+def token_crosses(backend, ids: list[int], text: str, char: int) -> bool:
+    """Whether a token of `ids` (the whole `text`'s) crosses character `char`: no run of its
+    first tokens decodes to exactly `text[:char]` (`backend`: a `tokenizers.Tokenizer`). Says
+    why a boundary is None, on a refused chat only: decoding is no engine's work."""
+    wanted, low, high = text[:char], 0, len(ids)
+    while low < high:  # the first k whose decoded prefix reaches `char` characters
+        mid = (low + high) // 2
+        if len(backend.decode(ids[:mid], skip_special_tokens=False)) < len(wanted):
+            low = mid + 1
+        else:
+            high = mid
+    return backend.decode(ids[:low], skip_special_tokens=False) != wanted
+
+
 def special_pattern(specials):
     """Leftmost-longest matches of the special tokens (a pattern matching nothing if none)."""
     tokens = sorted({s for s in specials if s}, key=len, reverse=True)

@@ -21,27 +21,32 @@ trained turn that ends at a special token ends with it; no sample has an empty m
 `allow_empty_mask`. A string holding a special token's text (`<|im_end|>`) is refused: it would
 be read as a control token.
 
-`encode_batch` renders every record, then tokenizes the batch in one call of the fast tokenizer;
-one `Encoder` per worker process (`Encoder.from_spec`), since one tokenizer shared by threads
-stops scaling.
+`encode_batch` renders every record, then tokenizes the batch in one call of the tokenizer
+engine (`engines.py`: `hf`, the reference, or `fastokens` where it is proven to give the same
+ids), resolved at the first batch, whose renders are part of the proof; the turns' character
+spans become token indexes by the prefix property (`boundaries.py`), the same code for both
+engines, which give ids only. The engine never changes the ids or the labels, so it is not
+part of the fingerprint. The tokenizer's own padding and truncation (a `tokenizer.json` may
+turn them on) are off: a sample holds every token of its text. One `Encoder` per worker
+process (`Encoder.from_spec`), since one tokenizer shared by threads stops scaling.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from bisect import bisect_left
 from pathlib import Path
 
 import numpy as np
 
 from packer.arguments import boolean, choice
 from packer.errors import UsageError, option
+from packer.tokenize.boundaries import token_boundaries_batch, token_crosses
 from packer.tokenize.chat import ChatMasks
 from packer.tokenize.checks import check_control, check_weights, control_pattern, special_tokens
+from packer.tokenize.engines import ENGINES, HFEngine, Resolved, fallback_line, not_proven
 from packer.tokenize.loading import (
     TokenizerError,
-    chat_backend,
     load_tokenizer,
     read_template,
     text_digest,
@@ -54,7 +59,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
 TURNS = ("all", "one-per-sample")
-TAIL_MEMO, TAIL_CHARS = 4096, 256  # prompt tails (at most so long) an encoder keeps the ids of
+PROOF_TEXTS = 256  # texts of the first batch compared between the engines (in each worker)
 ENCODING_VERSION = 3  # bump when the same inputs and options would give other ids or labels
 
 
@@ -72,7 +77,9 @@ class Encoder:
         train_reasoning: bool = True,
         train_tool_calls: bool = True,
         turns: str = "all",
+        tokenizer_engine: str = "auto",
     ):
+        self.tokenizer_engine = choice(tokenizer_engine, "tokenizer_engine", ENGINES)
         self.train_on = choice(train_on, "train_on", TRAIN_ON)
         self.allow_empty_mask = boolean(allow_empty_mask, "allow_empty_mask")
         self.train_reasoning = boolean(train_reasoning, "train_reasoning")
@@ -99,6 +106,11 @@ class Encoder:
                 special_tokens(self.tokenizer),
                 where,
             )
+        # the reference, padding and truncation off: special tokens' ids, and the proof's
+        self.reference = HFEngine(self.tokenizer.backend_tokenizer)
+        self.resolved: Resolved | None = None  # the engine, at the first batch
+        self.proven_on_texts = False  # whether a batch's own texts were compared yet
+        self.note: str | None = None  # `auto`'s fallback line, until `take_note`
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.eot_id = None if self.template is None else self.token_id(self.template.eot)
         # a turn may end with another special token than the probe's (gpt-oss ends the last
@@ -112,14 +124,13 @@ class Encoder:
             )
         self.special_ids = frozenset(self.tokenizer.convert_tokens_to_ids(self.specials))
         self.control = control_pattern(self.tokenizer)
-        self.chat_backend = chat_backend(self.tokenizer)  # without the post-processor
-        self.tails: dict[str, list[int]] = {}  # prompt tail -> its ids (`tail_ids`)
+        self.memo: dict = {}  # short pieces' ids, kept by `token_boundaries_batch`
         self.fingerprint = self.compute_fingerprint()
 
     # ------------------------------------------------------------------ identity
 
     def token_id(self, text: str) -> int:
-        ids = self.tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+        (ids,) = self.reference.encode_batch([text], add_special_tokens=False)
         if len(ids) != 1:
             raise TokenizerError(f"{option('tokenizer')}: {text!r} is not one token")
         return ids[0]
@@ -136,8 +147,23 @@ class Encoder:
             "train_on": self.train_on,
             "allow_empty_mask": self.allow_empty_mask,
             **self.mask_options,
+            "tokenizer_engine": self.worker_engine,
             "fingerprint": self.fingerprint,
         }
+
+    @property
+    def engine_name(self) -> str:
+        """The engine this encoder tokenizes with (what was asked, until it is resolved)."""
+        return self.tokenizer_engine if self.resolved is None else self.resolved.name
+
+    @property
+    def worker_engine(self) -> str:
+        """What a worker process built from the spec asks for: the driver's resolved engine,
+        except that `auto` resolved to fastokens stays `auto`, so that a worker whose first
+        batch shows a difference falls back to `hf` as the driver would."""
+        if self.resolved is not None and self.resolved.name == "hf":
+            return "hf"
+        return self.tokenizer_engine
 
     @property
     def mask_options(self) -> dict:
@@ -159,6 +185,7 @@ class Encoder:
             train_reasoning=spec.get("train_reasoning", True),
             train_tool_calls=spec.get("train_tool_calls", True),
             turns=spec.get("turns", "all"),
+            tokenizer_engine=spec.get("tokenizer_engine", "auto"),
         )
         if encoder.fingerprint != spec["fingerprint"]:
             raise TokenizerError(
@@ -198,6 +225,44 @@ class Encoder:
             "fingerprint": self.fingerprint,
         }
 
+    # ------------------------------------------------------------------ engine
+
+    def resolve_engine(self, texts: list[str] = ()) -> Resolved:
+        """The engine, resolved once (`engines.resolve_engine`); `texts` (a batch's renders
+        and texts) are compared between the engines the first time any are given, also where
+        the engine was resolved before without them (in the driver, before its workers
+        start). A difference there falls back to `hf` under `auto` (`note` says so) and
+        fails under `fastokens`."""
+        from packer.tokenize.engines import resolve_engine
+
+        texts = list(texts)[:PROOF_TEXTS]
+        if self.resolved is None:
+            self.resolved = resolve_engine(
+                self.tokenizer_engine,
+                self.tokenizer.backend_tokenizer,
+                tokenizer_sha256=self.tokenizer_sha256,
+                extra_texts=texts,
+            )
+            self.proven_on_texts = bool(texts)
+            self.note = fallback_line(self.resolved)
+        elif texts and not self.proven_on_texts:
+            self.proven_on_texts = True
+            if self.resolved.name != "hf":
+                from packer.tokenize.proof import first_difference
+
+                difference = first_difference(self.reference, self.resolved.engine, texts, "text")
+                if difference is not None:
+                    if self.tokenizer_engine == "fastokens":
+                        raise not_proven(difference)
+                    self.resolved = Resolved(self.reference, self.tokenizer_engine, difference)
+                    self.note = fallback_line(self.resolved)
+        return self.resolved
+
+    def take_note(self) -> str | None:
+        """`auto`'s fallback line, once: the driver prints it (not each worker)."""
+        note, self.note = self.note, None
+        return note
+
     # ------------------------------------------------------------------ encoding
 
     def encode_batch(
@@ -209,7 +274,7 @@ class Encoder:
         others are encoded, in the same one pass (`--on-error skip`). A refused template always
         raises."""
         out: list = [None] * len(records)
-        texts, plain, chats, prompts = [], [], [], []  # plain: tokenized with special tokens
+        texts, plain, chats = [], [], []  # plain: tokenized with special tokens
         many = {}  # record -> its number of samples, under one-per-sample
         for i, record in enumerate(records):
             try:
@@ -233,29 +298,28 @@ class Encoder:
                     many[i] = len(samples)
                 for text, trained in samples:
                     texts.append(text)
-                    turns = [(n, span, self.prompt_tail(text, span[0])) for n, span in trained]
-                    chats.append(turns)
-                    prompts += [text[tail : span[0]] for _, span, tail in turns]
-        plain_ids = iter(self.tokenizer.backend_tokenizer.encode_batch(plain))
-        chat_encodings = iter(self.chat_backend.encode_batch(texts, add_special_tokens=False))
-        prompt_ids = iter(self.tail_ids(prompts))
-        chat_spans, chat_texts = iter(chats), iter(texts)
+                    chats.append(trained)
+        if self.resolved is None or not self.proven_on_texts:
+            self.resolve_engine(texts[:PROOF_TEXTS] + plain[:PROOF_TEXTS])
+        engine = self.resolved.engine
+        plain_ids = iter(engine.encode_batch(plain, add_special_tokens=True) if plain else [])
+        chat_ids = engine.encode_batch(texts, add_special_tokens=False) if texts else []
+        bounds = iter(self.turn_boundaries(engine, texts, chat_ids, chats))
+        chat_samples = iter(zip(chats, chat_ids, texts))
         for i, record in enumerate(records):
             if out[i] is not None:
                 continue
             try:
                 if record.kind == "text":
-                    out[i] = self.text_sample(next(plain_ids).ids)
+                    out[i] = self.text_sample(next(plain_ids))
                 elif record.kind == "completion":
-                    prompt, whole = next(plain_ids).ids, next(plain_ids).ids
+                    prompt, whole = next(plain_ids), next(plain_ids)
                     out[i] = self.completion_sample(prompt, whole, i)
                 else:
-                    samples = []
-                    for _ in range(many.get(i, 1)):  # consumed whatever fails
-                        turns, encoding = next(chat_spans), next(chat_encodings)
-                        alone = [next(prompt_ids) for _ in turns]
-                        samples.append((turns, encoding, alone, next(chat_texts)))
-                    made = [self.chat_sample(e, t, a, i, x) for t, e, a, x in samples]
+                    samples = [
+                        (*next(chat_samples), next(bounds)) for _ in range(many.get(i, 1))
+                    ]  # consumed whatever fails
+                    made = [self.chat_sample(ids, t, b, i, x) for t, ids, x, b in samples]
                     out[i] = made if i in many else made[0]
             except RawRecordError as e:
                 if not skip_errors:
@@ -263,20 +327,16 @@ class Encoder:
                 out[i] = e
         return out
 
-    def tail_ids(self, tails: list[str]) -> list[list[int]]:
-        """Each prompt tail tokenized alone. A template writes the same few tails over and over
-        (ChatML: `<|im_start|>assistant\\n`), so each distinct short one is tokenized once per
-        encoder; the check still compares every turn's ids with them."""
-        known = self.tails
-        if len(known) > TAIL_MEMO:
-            known.clear()
-        new = list(dict.fromkeys(t for t in tails if t not in known))
-        encoded = self.chat_backend.encode_batch(new, add_special_tokens=False)
-        ids = {tail: encoding.ids for tail, encoding in zip(new, encoded)}
-        # a tail that holds chat text (a template without special tokens between turns) is
-        # long and seldom repeats: not kept, so the memo stays small
-        known.update((tail, i) for tail, i in ids.items() if len(tail) <= TAIL_CHARS)
-        return [known[t] if t in known else ids[t] for t in tails]
+    def turn_boundaries(self, engine, texts, chat_ids, chats) -> list[list]:
+        """For each render, the token index of each trained turn's start, shorter header ends
+        and end, in that order (None where the prefix property fails: `boundaries.py`)."""
+        if self.train_on == "all" or not texts:
+            return [[] for _ in texts]
+        wanted = [
+            [c for _, (start, end, _, shorter) in trained for c in (start, *shorter, end)]
+            for trained in chats
+        ]
+        return token_boundaries_batch(engine, texts, chat_ids, wanted, self.specials, self.memo)
 
     def with_eos(self, ids: list[int]) -> np.ndarray:
         array = np.asarray(ids, dtype=np.int32)
@@ -316,34 +376,31 @@ class Encoder:
             )
         return self.masks.samples(record, index)
 
-    def prompt_tail(self, text: str, start: int) -> int:
-        """Where the last special token before `start` begins (0 if none). Text between special
-        tokens is tokenized piece by piece, so the chat before a reply tokenizes alone as the
-        whole chat does exactly when its tail from there does: the check tokenizes the tail."""
-        return max([0, *(text.rfind(t, 0, start) for t in self.specials)])
-
-    def chat_sample(self, encoding, turns, alone, index: int, text: str = ""):
-        """(ids, labels) for the turns' spans; `alone`: each turn's prompt tail (`prompt_tail`)
-        tokenized by itself, which must be the ids before the reply. The checks read the ids as
-        the Python list the encoding gives (a slice of it compares without a numpy round trip)."""
-        listed = encoding.ids
+    def chat_sample(self, listed: list[int], turns, bounds, index: int, text: str = ""):
+        """(ids, labels) for the turns' spans. `bounds`: `turn_boundaries` of this render, the
+        token index of each turn's start, shorter header ends and end, None where the render up
+        to there does not tokenize alone to the ids before it (a token crosses it, or tokens
+        merge across it: the model would be trained on a prompt it never sees at inference)."""
         ids = np.array(listed, dtype=np.int32)
         if self.train_on == "all":
             return ids, ids.copy()
         labels = np.full(ids.shape, IGNORE, dtype=np.int32)
-        for (turn, (start, end, closed, shorter), tail), prompt in zip(turns, alone):
-            first, header = self.first_token(encoding, start, shorter, index, turn)
-            stop = token_at(encoding, end, index, turn, "end")
-            if header is not None:  # a shorter header: its prompt tail tokenized here
-                prompt = self.chat_backend.encode(text[tail:header], add_special_tokens=False).ids
-            tail = token_at(encoding, tail, index, turn, "prompt")  # a special token starts there
-            if listed[tail:first] != prompt:
+        at = 0
+        for turn, (start, end, closed, shorter) in turns:
+            found = bounds[at : at + len(shorter) + 2]
+            at += len(shorter) + 2
+            first = found[0]
+            if first is None and token_crosses(self.reference.backend, listed, text, start):
+                # a token crosses the header's end: the first of the shorter header ends
+                # that the render tokenizes at (`spans.Turn.spans`)
+                first = next((b for b in found[1:-1] if b is not None), None)
+            if first is None:
                 raise RawRecordError(
-                    f"the chat before assistant turn {turn} tokenizes differently alone than in "
-                    "the whole chat (tokens merge across the turn boundary), so the model would "
-                    "be trained on a prompt it never sees at inference",
-                    index=index,
+                    self.no_boundary(listed, text, start, turn, "start"), index=index
                 )
+            stop = found[-1]
+            if stop is None:
+                raise RawRecordError(self.no_boundary(listed, text, end, turn, "end"), index=index)
             if stop <= first:
                 raise RawRecordError(f"assistant turn {turn} renders no token", index=index)
             if closed and listed[stop - 1] not in self.special_ids:
@@ -358,19 +415,22 @@ class Encoder:
             self.empty_mask(index)
         return ids, labels
 
-    def first_token(self, encoding, start: int, shorter, index: int, turn: int):
-        """(the first trained token, None) at `start`, or where a token crosses `start`, at the
-        first of the `shorter` header ends that no token crosses: (its token, that end)."""
-        try:
-            return token_at(encoding, start, index, turn, "start"), None
-        except RawRecordError:
-            for other in shorter:
-                try:
-                    first = token_at(encoding, other, index, turn, "start")
-                except RawRecordError:
-                    continue
-                return first, other
-            raise
+    def no_boundary(self, listed: list[int], text: str, char: int, turn: int, side: str) -> str:
+        """Why the render does not tokenize at `char` as its prefix: a token of the whole render
+        crosses it, or (no token does, the ids decoded show) the text before it tokenizes
+        otherwise alone. Only on a refused chat: decoding is no engine's work."""
+        if token_crosses(self.reference.backend, listed, text, char):
+            return (
+                f"a token crosses the {side} of assistant turn {turn} (tokenizing the whole chat "
+                "merges the reply with the text around it: strip the spaces or newlines at the "
+                f"reply's {side})"
+            )
+        what = "before" if side == "start" else "up to the end of"
+        return (
+            f"the chat {what} assistant turn {turn} tokenizes differently alone than in "
+            "the whole chat (tokens merge across the turn boundary), so the model would "
+            "be trained on a prompt it never sees at inference"
+        )
 
     def empty_mask(self, index: int) -> None:
         if not self.allow_empty_mask:
@@ -378,20 +438,3 @@ class Encoder:
                 f"no token is trained ({option('allow_empty_mask')} allows such samples)",
                 index=index,
             )
-
-
-def token_at(encoding, char: int, index: int, turn: int, side: str) -> int:
-    """The first token that starts at or after `char`; RawRecordError if a token crosses it.
-    Asks the encoding for the token at `char` rather than reading every token's offsets: a
-    chat's offsets as Python tuples cost a third of what tokenizing it does."""
-    at = encoding.char_to_token(char)
-    if at is None:  # no token holds the character: the text's end, or one the normalizer drops
-        return bisect_left([start for start, _ in encoding.offsets], char)
-    if encoding.token_to_chars(at)[0] < char:
-        raise RawRecordError(
-            f"a token crosses the {side} of assistant turn {turn} (tokenizing the whole chat "
-            "merges the reply with the text around it: strip the spaces or newlines at the "
-            f"reply's {side})",
-            index=index,
-        )
-    return at

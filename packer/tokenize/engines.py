@@ -22,7 +22,7 @@ from itertools import chain
 
 import numpy as np
 
-from packer.errors import UsageError, option
+from packer.errors import EXIT_FAILURE, UsageError, option
 
 ENGINES = ("auto", "hf", "fastokens")
 
@@ -36,8 +36,20 @@ class EngineError(UsageError):
         self.reason = reason or message
 
 
+class NotProven(EngineError):
+    """fastokens loads the tokenizer but gives other ids than `hf` on a probe or on the run's
+    own texts: a failed check (exit 1), not a usage error."""
+
+    exit_code = EXIT_FAILURE
+
+
 def refused(reason: str) -> EngineError:
+    """fastokens cannot be used: not installed, or it cannot load the tokenizer (exit 2)."""
     return EngineError(f"{option('tokenizer_engine')} fastokens: {reason}", reason=reason)
+
+
+def not_proven(reason: str) -> NotProven:
+    return NotProven(f"{option('tokenizer_engine')} fastokens: {reason}", reason=reason)
 
 
 class HFEngine:
@@ -154,8 +166,9 @@ def resolve_engine(
     path = proof_path(text, tokenizer_sha256, FastokensEngine.name) if cache else None
     try:
         known = read_proof(path) if cache else None
-        if known is not None and not known.equal:
-            raise refused(known.difference)  # fastokens refused it before: not built again
+        if known is not None and not known.equal:  # fastokens refused it before: not built again
+            loads = not known.difference.startswith("fastokens cannot load")
+            raise (not_proven if loads else refused)(known.difference)
         try:
             fast = FastokensEngine.from_json(text)
         except EngineError as e:
@@ -171,7 +184,7 @@ def resolve_engine(
             path=path,
         )
         if not proof.equal:
-            raise refused(proof.difference)
+            raise not_proven(proof.difference)
     except EngineError as e:
         if requested == "fastokens":
             raise

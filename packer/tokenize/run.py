@@ -13,14 +13,11 @@ does a worker that dies (killed, out of memory): one line names the batch it hel
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +36,7 @@ from packer.tokenize.files import (
     raw_inputs,
     read_batches,
 )
+from packer.tokenize.forking import worker_start
 from packer.tokenize.output import shard_name
 from packer.tokenize.pool import WorkerPool
 from packer.tokenize.worker import BatchDone, init_worker, setup, tokenize_batch
@@ -48,22 +46,6 @@ from packer.workers import configure as configure_workers
 ON_ERROR = ("error", "skip")
 WORKER_BYTES = 512 << 20  # a worker's tokenizer, one decoded batch and its shard, at most
 IN_FLIGHT = 2  # batches per worker queued or running
-_forking_workers = False  # set while the pool forks: its children take the workers' signals
-
-
-def _worker_signals() -> None:
-    """In a forked worker, at once: SIGTERM ends it (the pool's `terminate`) and Ctrl-C is the
-    driver's. Otherwise the driver's handlers, inherited, raised in the worker's start-up
-    before its initializer ran and printed a traceback (a run that failed at once)."""
-    if _forking_workers:
-        import signal
-
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_worker_signals)
 SHOWN_REJECTS = 1000  # rejects listed in tokenized.json (rejects.txt lists all)
 RUNNER_CHUNK = 64  # batches handed to an engine at a time (at most 512 MiB of raw rows)
 Progress = Callable[[str, int, int, str], None]
@@ -85,6 +67,7 @@ class TokenizeResult:
     rejected: int = 0
     workers: int = 1
     engine: str = "local"  # "ray": the batches ran as tasks of that engine
+    tokenizer_engine: str | None = None  # what tokenized the texts (None: a cached output)
     seconds: float = 0.0
     reused: bool = False  # a cached output, not tokenized by this run
     rebuilt: str | None = None  # why a cache entry found unsound was tokenized again
@@ -102,6 +85,7 @@ class TokenizeResult:
             "rejected": self.rejected,
             "workers": self.workers,
             "engine": self.engine,
+            "tokenizer_engine": self.tokenizer_engine,
             "seconds": round(self.seconds, 3),
             "tokens_per_second": round(self.tokens / self.seconds) if self.seconds else None,
             "reused": self.reused,
@@ -265,8 +249,16 @@ def tokenize_batches(
     result = TokenizeResult(output="", manifest={}, workers=n)
     t0 = time.perf_counter()
     tmp = Path(directory)
+    # the engine is resolved here, before any worker starts, and said once: each worker
+    # gets the resolved one (`Encoder.spec`) and only compares its first batch's texts
+    result.tokenizer_engine = encoder.resolve_engine().name
+    _say(encoder.take_note())
+    said = set()
 
     def add(done: BatchDone, fresh: bool = True, saved: bool = False) -> None:
+        if fresh and done.note is not None and done.note not in said:
+            said.add(done.note)  # a worker whose own first batch made `auto` fall back
+            _say(done.note)
         if records and fresh:
             # an engine's task saved its record itself
             resume_.fault_point(tmp) if saved else resume_.save_batch(tmp, done)
@@ -301,7 +293,7 @@ def tokenize_batches(
             raise_if_interrupted()
             add(kept, False) if kept is not None else add(tokenize_batch(batch, str(tmp)))
         return result
-    with _worker_start(encoder) as (context, first):
+    with worker_start(encoder) as (context, first):
         pool = WorkerPool(context, n, tokenize_batch, init_worker, (first, columns, on_error))
     try:
         pending: deque = deque()  # a kept batch's result, or a running one's ticket
@@ -315,6 +307,13 @@ def tokenize_batches(
     finally:
         pool.terminate()  # stops the workers at once on an error or an interrupt
     return result
+
+
+def _say(line: str | None) -> None:
+    """A line for the user on stderr (`auto`'s fallback to `hf`)."""
+    if line is not None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
 
 
 def _add_next(pending: deque, pool: WorkerPool, add) -> None:
@@ -349,51 +348,6 @@ def _chunked(items: Iterator, size: int) -> Iterator[list]:
             chunk = []
     if chunk:
         yield chunk
-
-
-@contextmanager
-def _worker_start(encoder) -> Iterator[tuple]:
-    """(context, what each worker builds its encoder from) while the pool starts.
-
-    On Linux the workers are forked: each gets its own copy of the loaded tokenizer, with no
-    import and no load (about 3 s per worker here, a third of a 20,000-line run).
-    `TOKENIZERS_PARALLELISM=false` while forking keeps each worker's tokenizer single-threaded
-    (one process per core) and keeps `tokenizers` from warning about the fork. Elsewhere they
-    are spawned and rebuild the encoder from its spec, and so they are where this process runs
-    other threads already (a notebook, a Ray driver, a test runner): a fork copies their locks
-    held, and a worker that blocks on one never ends, not even on the pool's SIGTERM."""
-    global _forking_workers
-    if sys.platform == "linux" and threading.active_count() == 1:
-        saved = os.environ.get("TOKENIZERS_PARALLELISM")
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        _forking_workers = True
-        try:
-            yield multiprocessing.get_context("fork"), encoder
-        finally:
-            _forking_workers = False
-            if saved is None:
-                os.environ.pop("TOKENIZERS_PARALLELISM", None)
-            else:
-                os.environ["TOKENIZERS_PARALLELISM"] = saved
-        return
-    with _without_main():
-        yield multiprocessing.get_context("spawn"), encoder.spec
-
-
-@contextmanager
-def _without_main() -> Iterator[None]:
-    """Spawn workers that do not import this process's `__main__`: the `packer` script would
-    import the whole CLI into each (typer, rich: a second of start-up apiece) and install its
-    signal handlers there. The workers need only `packer.tokenize.worker`."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main and k in main.__dict__}
-    for key in saved:
-        setattr(main, key, None) if key == "__spec__" else delattr(main, key)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(main, key, value)
 
 
 def _column_names(columns) -> list[str]:

@@ -45,6 +45,7 @@ class BatchDone:
     shard: str | None = None
     rejects: list[str] = field(default_factory=list)
     source: str | None = None  # `batch_digest` of the rows: what a resumed run checks
+    note: str | None = None  # the encoder's fallback line (`Encoder.take_note`), said once
 
 
 def init_worker(encoder, columns, on_error: str) -> None:
@@ -95,6 +96,7 @@ def tokenize_batch(batch: RawBatch, directory: str) -> BatchDone:
                 problem = str(exc)
         _reject(rejects, batch, i, problem, skip)
     encoded = _encode(encoder, records, places, batch, rejects, skip)
+    done.note = encoder.take_note()
     done.rejects = [f"{batch.where(i)}: {problem}" for i, problem in sorted(rejects)]
     if encoded:
         done.shard = shard_name(batch.file_index, batch.batch_index)
