@@ -285,3 +285,33 @@ def test_the_config_file_key(cli, nfkc, tmp_path):
     config.write_text("max_len: 512\ntokenizer_engine: fast\n")
     res = cli(*pack, "-o", tmp_path / "q")
     assert res.exit_code == 2 and "unknown --tokenizer-engine 'fast'" in res.stderr
+
+
+def test_auto_takes_hf_for_an_input_too_small_to_repay_the_build(cli, tok, nfkc, tmp_path):
+    """fastokens' build costs about what hf takes to encode AUTO_BYTES_PER_ENTRY bytes a
+    vocabulary entry: `auto` builds it only for an input at least that large, and below says
+    nothing (nothing was refused); a size not known (a library call) leaves the proof to decide."""
+    from tokenizers import Tokenizer
+
+    from packer.tokenize.engines import AUTO_BYTES_PER_ENTRY, resolve_engine
+
+    backend = Tokenizer.from_file(str(tok / "tokenizer.json"))
+    bound = AUTO_BYTES_PER_ENTRY * backend.get_vocab_size(with_added_tokens=True)
+    small = resolve_engine("auto", backend, input_bytes=bound - 1)
+    assert (small.name, small.reason) == ("hf", None)
+    assert resolve_engine("auto", backend, input_bytes=bound).name == "fastokens"
+    assert resolve_engine("auto", backend).name == "fastokens"
+    assert resolve_engine("fastokens", backend, input_bytes=1).name == "fastokens"  # as asked
+
+    raw = raw_file(tmp_path / "raw.jsonl", 20)
+    assert raw.stat().st_size < bound
+    big = raw_file(tmp_path / "big.jsonl", 2500)
+    assert big.stat().st_size >= bound
+    for source, name, engine in ((raw, "small", "hf"), (big, "big", "fastokens")):
+        res = cli("tokenize", source, "--tokenizer", tok, "-o", tmp_path / name, "--json")
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout)["tokenizer_engine"] == engine
+    # a tokenizer fastokens cannot load: on the small input, nothing to say
+    res = cli("tokenize", raw, "--tokenizer", nfkc, "-o", tmp_path / "nfkc")
+    assert res.exit_code == 0, res.output
+    assert "tokenizing with hf" not in res.stderr

@@ -209,7 +209,9 @@ def tokenize_table(
     n = max(1, min(workers, -(-table.num_rows // BATCH_ROWS)))
     directory = Path(tempfile.mkdtemp(prefix="packer-raw-shards-"))
     try:
-        result = tokenize_batches(batches, directory, raw.encoder, raw.columns, on_error, n)
+        result = tokenize_batches(
+            batches, directory, raw.encoder, raw.columns, on_error, n, input_bytes=table.nbytes
+        )
         shards = sorted(directory.glob("part-*.parquet"))
         if shards:
             tokenized = pq.read_table(shards, memory_map=False)

@@ -227,12 +227,13 @@ class Encoder:
 
     # ------------------------------------------------------------------ engine
 
-    def resolve_engine(self, texts: list[str] = ()) -> Resolved:
+    def resolve_engine(self, texts: list[str] = (), input_bytes: int | None = None) -> Resolved:
         """The engine, resolved once (`engines.resolve_engine`); `texts` (a batch's renders
         and texts) are compared between the engines the first time any are given, also where
         the engine was resolved before without them (in the driver, before its workers
         start). A difference there falls back to `hf` under `auto` (`note` says so) and
-        fails under `fastokens`."""
+        fails under `fastokens`. input_bytes: the run's input size, where known (under `auto`,
+        a small input is tokenized with `hf`: `engines.worth_building`)."""
         from packer.tokenize.engines import resolve_engine
 
         texts = list(texts)[:PROOF_TEXTS]
@@ -242,6 +243,7 @@ class Encoder:
                 self.tokenizer.backend_tokenizer,
                 tokenizer_sha256=self.tokenizer_sha256,
                 extra_texts=texts,
+                input_bytes=input_bytes,
             )
             self.proven_on_texts = bool(texts)
             self.note = fallback_line(self.resolved)

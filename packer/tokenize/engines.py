@@ -25,6 +25,19 @@ import numpy as np
 from packer.errors import EXIT_FAILURE, UsageError, option
 
 ENGINES = ("auto", "hf", "fastokens")
+# `auto` builds fastokens only for an input of at least this many bytes per vocabulary entry:
+# its build costs about 30 us an entry (2-7 s for Llama 3's 128,256 on 2 cores), which is what
+# hf takes to encode some 36 bytes of text an entry (150,000-560,000 tokens a second, about 4
+# bytes a token), so that below it hf finishes first (docs/engines.md)
+AUTO_BYTES_PER_ENTRY = 32
+
+
+def worth_building(backend, input_bytes: int | None) -> bool:
+    """Whether `auto` tries fastokens for an input of `input_bytes` (None: not known, it does):
+    only where its build is repaid by what it saves on the input."""
+    if input_bytes is None:
+        return True
+    return input_bytes >= AUTO_BYTES_PER_ENTRY * backend.get_vocab_size(with_added_tokens=True)
 
 
 class EngineError(UsageError):
@@ -144,6 +157,7 @@ def resolve_engine(
     tokenizer_sha256: str | None = None,
     extra_texts: list[str] = (),
     cache: bool = True,
+    input_bytes: int | None = None,
 ) -> Resolved:
     """The engine for `backend` (a `tokenizers.Tokenizer`: `load_tokenizer(...).backend_tokenizer`).
 
@@ -152,7 +166,9 @@ def resolve_engine(
     `auto`: fastokens where it is installed and proven equal, else `hf` with the reason.
     extra_texts: the run's own texts (the first batch's renders), compared too, every time;
     tokenizer_sha256: the digest of the tokenizer's files, part of the proof's cache key;
-    cache: read and write the proof's cache (`packer.tokenize.proof`)."""
+    cache: read and write the proof's cache (`packer.tokenize.proof`); input_bytes: the size of
+    the run's input, where known: `auto` takes `hf` without building fastokens, and without a
+    fallback line, for an input too small to repay the build (`worth_building`)."""
     from packer.tokenize.proof import Proof, proof_path, prove_equal, read_proof, write_proof
 
     if requested not in ENGINES:
@@ -160,7 +176,7 @@ def resolve_engine(
             f"{option('tokenizer_engine')} must be one of {', '.join(ENGINES)}, got {requested!r}"
         )
     reference = HFEngine(backend)
-    if requested == "hf":
+    if requested == "hf" or (requested == "auto" and not worth_building(backend, input_bytes)):
         return Resolved(reference, requested)
     text = backend.to_str()
     path = proof_path(text, tokenizer_sha256, FastokensEngine.name) if cache else None

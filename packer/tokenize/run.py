@@ -222,8 +222,18 @@ def _run(files, tmp, encoder, columns, on_error, n, progress, batch_rows, runner
         for index, raw in enumerate(files):
             yield from read_batches(raw, index, columns_read, batch_rows, BATCH_BYTES)
 
+    size = sum(raw.path.stat().st_size for raw in files)  # what `auto`'s choice weighs
     return tokenize_batches(
-        batches(), tmp, encoder, columns, on_error, n, progress, records=True, runner=runner
+        batches(),
+        tmp,
+        encoder,
+        columns,
+        on_error,
+        n,
+        progress,
+        records=True,
+        runner=runner,
+        input_bytes=size,
     )
 
 
@@ -238,6 +248,7 @@ def tokenize_batches(
     *,
     records: bool = False,
     runner: Runner | None = None,
+    input_bytes: int | None = None,
 ) -> TokenizeResult:
     """Tokenize `RawBatch`es into their shards in `directory` with `n` worker processes (in
     this process when 1), or through `runner` (an engine's tasks): what `tokenize` does with a
@@ -245,13 +256,14 @@ def tokenize_batches(
 
     records: each finished batch leaves a completion record, and a batch whose record and shard
     are sound already (an adopted killed run's, `packer.tokenize.resume`) is kept, not run.
-    The counts come back, in batch order whatever ran where; nothing is placed."""
+    The counts come back, in batch order whatever ran where; nothing is placed. input_bytes:
+    the input files' size, where known (`Encoder.resolve_engine`)."""
     result = TokenizeResult(output="", manifest={}, workers=n)
     t0 = time.perf_counter()
     tmp = Path(directory)
     # the engine is resolved here, before any worker starts, and said once: each worker
     # gets the resolved one (`Encoder.spec`) and only compares its first batch's texts
-    result.tokenizer_engine = encoder.resolve_engine().name
+    result.tokenizer_engine = encoder.resolve_engine(input_bytes=input_bytes).name
     _say(encoder.take_note())
     said = set()
 
