@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from unittest import mock
 
 import pyarrow.parquet as pq
 import pytest
@@ -34,10 +36,22 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 import real_templates as rt  # noqa: E402
-from conftest import python_script  # noqa: E402
+from conftest import python_script, read_shards  # noqa: E402
 
 IGNORE = -100
 CHATS = 20
+# the date packer's renders write where a template writes today's date (`strftime_now`:
+# gpt-oss, Llama-3.2, Mistral-Small-3.2, Granite-3.3), unless --template-date is given
+TEMPLATE_DATE = datetime(2025, 1, 1)
+
+
+class OnTheTemplateDate(datetime):
+    """transformers' `strftime_now` reads `datetime.now()`: the references are rendered on
+    packer's date."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return TEMPLATE_DATE
 
 
 @dataclass(frozen=True)
@@ -237,13 +251,16 @@ class Family:
         self.specials = sorted(rt.special_tokens(self.tokenizer), key=len, reverse=True)
 
     def render(self, messages, tools=None, prompt=False) -> str:
-        return self.tokenizer.apply_chat_template(
-            template_messages(messages),
-            tools=tools,
-            chat_template=self.template,
-            tokenize=False,
-            add_generation_prompt=prompt,
-        )
+        from transformers.utils import chat_template_utils
+
+        with mock.patch.object(chat_template_utils, "datetime", OnTheTemplateDate):
+            return self.tokenizer.apply_chat_template(
+                template_messages(messages),
+                tools=tools,
+                chat_template=self.template,
+                tokenize=False,
+                add_generation_prompt=prompt,
+            )
 
     def generation_prompt(self) -> str:
         tools = Chats(self.spec, 0).tools() if self.spec.needs_tools else None
@@ -406,11 +423,39 @@ def tokenize(family: Family, path: Path, out: Path, *options) -> list[tuple[list
         f"import sys; from packer.cli import run; sys.argv = ['packer', *{[*args, *options]!r}]; run()"
     )
     assert result.returncode == 0, (family.name, options, result.stderr[-2000:])
+    return read_samples(out)
+
+
+def read_samples(out: Path) -> list[tuple[list, list]]:
+    """(input_ids, labels) of every sample of a `packer tokenize` output, in order."""
     rows = []
     for shard in sorted(out.glob("part-*.parquet")):
         table = pq.read_table(shard)
         rows += zip(table["input_ids"].to_pylist(), table["labels"].to_pylist())
     return rows
+
+
+SESSION = """
+import json
+{prelude}
+from typer.testing import CliRunner
+from packer.cli import app
+
+results = []
+for args in {commands!r}:
+    result = CliRunner().invoke(app, args)
+    results.append([result.exit_code, result.stderr[-3000:]])
+print(json.dumps(results))
+"""
+
+
+def packer_commands(commands: list[list], prelude: str = "") -> list[tuple[int, str]]:
+    """(exit code, stderr) of each packer command, run one after the other in one process of
+    their own (so a vocabulary loads once; see `tokenize` for why not in this one)."""
+    commands = [[str(a) for a in args] for args in commands]
+    result = python_script(SESSION.format(prelude=prelude, commands=commands))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [tuple(r) for r in json.loads(result.stdout.strip().splitlines()[-1])]
 
 
 def expected(family: Family, row: dict, mode: str, **switches):
@@ -541,3 +586,58 @@ def test_reasoning_input_forms(families, chats, tmp_path, form):
     want = tokenize(family, path, tmp_path / "a")
     assert tokenize(family, other, tmp_path / "b") == want
     check(family, rows, want, "assistant")
+
+
+# --------------------------------------------------------------------------------------------
+# the date a template writes (`strftime_now`): packer's --template-date, never the clock
+
+MOVED_CLOCK = """
+import datetime
+from transformers.utils import chat_template_utils
+
+class Moved(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.datetime({year}, 7, 4, 13, 30)
+
+chat_template_utils.datetime = Moved  # what transformers' strftime_now reads
+"""
+
+
+def files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.mark.xdist_group("family-gpt-oss")
+def test_template_date_not_the_clock(families, chats, tmp_path, monkeypatch):
+    """gpt-oss writes "Current date: ..." into every render: two runs on different days give
+    the same bytes (the date is --template-date's, 2025-01-01 unless given); another
+    --template-date gives other ids, another cache entry, and the manifest records it."""
+    family = families("gpt-oss")
+    rows, path = chats("gpt-oss")
+    template = family.family.template_path
+    base = ["tokenize", path, "--tokenizer", family.dir, "--chat-template", template]
+    for year in (1999, 2031):
+        out = tmp_path / f"on-{year}"
+        [(code, err)] = packer_commands(
+            [[*base, "-o", out, "--workers", "1"]], MOVED_CLOCK.format(year=year)
+        )
+        assert code == 0, err
+    assert files(tmp_path / "on-1999") == files(tmp_path / "on-2031")
+    check(family, rows, read_samples(tmp_path / "on-1999"), "assistant")  # on 2025-01-01
+
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    pack = ["pack", path, "--tokenizer", family.dir, "--chat-template", template]
+    pack += ["--max-len", "16384", "--workers", "1"]
+    dated = [*pack, "--template-date", "2030-02-03", "-o", tmp_path / "dated"]
+    bad = [*pack, "--template-date", "2030-02-30", "-o", tmp_path / "bad"]
+    runs = packer_commands([[*pack, "-o", tmp_path / "default"], dated, bad])
+    assert [code for code, _ in runs] == [0, 0, 2], runs
+    assert "--template-date: '2030-02-30' is not a date" in runs[2][1]
+    assert not (tmp_path / "bad").exists()
+    assert len(list((tmp_path / "cache" / "tokenized").iterdir())) == 2
+    for out, day in [("default", "2025-01-01"), ("dated", "2030-02-03")]:
+        manifest = json.loads((tmp_path / out / "manifest.json").read_text())
+        assert manifest["tokenized_from"]["encoder"]["template_date"] == day
+        first = read_shards(tmp_path / out)["input_ids"][0].as_py()
+        assert f"Current date: {day}" in family.tokenizer.decode(first)

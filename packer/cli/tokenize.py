@@ -28,6 +28,7 @@ from packer.cli.chat_options import (
     TURNS,
     TURNS_HELP,
     mask_options,
+    template_date_option,
 )
 from packer.cli.raw import (
     COLUMN_HELP,
@@ -71,6 +72,7 @@ def tokenize(
         None, "--train-tool-calls/--no-train-tool-calls", help=TRAIN_TOOL_CALLS_HELP
     ),
     turns: Optional[str] = typer.Option(None, "--turns", metavar=choices(TURNS), help=TURNS_HELP),
+    template_date: Optional[str] = template_date_option(),
     allow_empty_mask: bool = typer.Option(
         False,
         "--allow-empty-mask",

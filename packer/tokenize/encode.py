@@ -72,6 +72,7 @@ class Encoder:
         train_reasoning: bool = True,
         train_tool_calls: bool = True,
         turns: str = "all",
+        template_date: str | None = None,
     ):
         self.train_on = choice(train_on, "train_on", TRAIN_ON)
         self.allow_empty_mask = boolean(allow_empty_mask, "allow_empty_mask")
@@ -98,6 +99,7 @@ class Encoder:
                 dict(self.tokenizer.special_tokens_map),
                 special_tokens(self.tokenizer),
                 where,
+                template_date,
             )
         self.eos_id = int(self.tokenizer.eos_token_id)
         self.eot_id = None if self.template is None else self.token_id(self.template.eot)
@@ -146,6 +148,12 @@ class Encoder:
             "train_reasoning": self.train_reasoning,
             "train_tool_calls": self.train_tool_calls,
             "turns": self.turns,
+            # where the template writes the date (`clock.py`): what it is answered from
+            **(
+                {"template_date": self.template.date}
+                if self.template and self.template.date
+                else {}
+            ),
         }
 
     @classmethod
@@ -159,6 +167,7 @@ class Encoder:
             train_reasoning=spec.get("train_reasoning", True),
             train_tool_calls=spec.get("train_tool_calls", True),
             turns=spec.get("turns", "all"),
+            template_date=spec.get("template_date"),
         )
         if encoder.fingerprint != spec["fingerprint"]:
             raise TokenizerError(

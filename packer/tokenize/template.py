@@ -11,8 +11,10 @@ with a probe tool. Where each message lands in a render is `spans.py`'s job.
 from __future__ import annotations
 
 import re
+from contextlib import nullcontext
 
 from packer.errors import EXIT_FAILURE, EXIT_USAGE, PackerError, option
+from packer.tokenize.clock import fixed_clock, reads_clock, strftime_now, template_date
 
 TAGS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PROBE = "packer-probe-reply"
@@ -70,10 +72,15 @@ class ChatTemplate:
     """A template's text and what its probes found: `tagged` (has generation tags), `eot`
     (the end-of-turn token's text), `ends` (every special token it writes after a reply or a
     tool call), `prompt` (its generation prompt), `parts` (renders list content as text),
-    `needs_tools` (fails on a chat without tools)."""
+    `needs_tools` (fails on a chat without tools), `date` (what `strftime_now` answers from,
+    where the template calls it: `clock.py`)."""
 
-    def __init__(self, text: str, variables: dict, special_tokens: list[str], source: str):
+    def __init__(
+        self, text: str, variables: dict, special_tokens: list[str], source: str, date=None
+    ):
         self.text = text
+        day = template_date(date)  # a bad date is refused whatever the template
+        self.date = day if reads_clock(text) else None
         self.variables = variables  # bos_token, eos_token, ...: as apply_chat_template passes them
         self.source = source  # for messages: "the tokenizer's chat template" or the file
         self.specials = [t for t in special_tokens if t]
@@ -87,19 +94,28 @@ class ChatTemplate:
         self.prompt = self.generation_prompt()
         self.openers = self.call_openers()
         self.parts = self.renders_parts()
-        self.compiled = direct_template(text, self.render, self.variables, self.tagged)
+        self.compiled = direct_template(text, self.render, self.variables, self.tagged, self.date)
 
     def render(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
         """The chat's text, and the generation spans (character offsets) when tagged."""
-        rendered, spans = self._render(
-            [list(messages)],
-            tools=list(tools) if tools else None,
-            chat_template=self.text,
-            return_assistant_tokens_mask=self.tagged,
-            add_generation_prompt=prompt,
-            **self.variables,
-        )
+        with self.clock():
+            rendered, spans = self._render(
+                [list(messages)],
+                tools=list(tools) if tools else None,
+                chat_template=self.text,
+                return_assistant_tokens_mask=self.tagged,
+                add_generation_prompt=prompt,
+                **self.variables,
+            )
         return rendered[0], spans[0] if spans else []
+
+    def clock(self):
+        """transformers' renderer with `strftime_now` answered from `date`."""
+        if self.date is None:
+            return nullcontext()
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return fixed_clock(_compile_jinja_template(self.text).environment, self.date)
 
     def render_direct(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
         """`render` by the compiled template called directly, on messages that `plain_chat`
@@ -275,10 +291,12 @@ class DirectRender:
     rendering itself (a chat is rendered once per prefix). The globals are flattened once; the
     context, the rendering and the error handling are jinja's own."""
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, date: str | None = None):
         self.compiled = compiled
         self.environment = compiled.environment
         self.globals = dict(compiled.globals)
+        if date is not None:
+            self.globals["strftime_now"] = strftime_now(date)
 
     def __call__(self, messages, tools, prompt: bool, variables: dict, tagged: bool):
         """(text, generation spans), as `render_jinja_template` renders and tracks them."""
@@ -301,14 +319,14 @@ class DirectRender:
             environment.handle_exception()  # jinja's: raises the error, with template lines
 
 
-def direct_template(text: str, render, variables: dict, tagged: bool):
+def direct_template(text: str, render, variables: dict, tagged: bool, date: str | None = None):
     """transformers' compiled template (its sandboxed environment, filters and generation
     tracker), to call without the per-call copying of `render_jinja_template`; None, and the
     slow path, where this transformers does not offer it or a probe chat renders otherwise."""
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
-        compiled = DirectRender(_compile_jinja_template(text))
+        compiled = DirectRender(_compile_jinja_template(text), date)
         chat = [
             {"role": "system", "content": "s"},
             {"role": "user", "content": "u"},
