@@ -64,7 +64,9 @@ class Spec:
     `one_call`: at most one tool call per message; `cohere`: tools in Cohere's format;
     `dict_arguments`: tool-call arguments as dicts only (otherwise JSON strings too);
     `next_header`: where no control token ends a turn, the text the next message's header
-    begins with (the turn ends there). Decisions on the contract: comments above each entry."""
+    begins with (the turn ends there); `string_arguments`: tool-call arguments as JSON strings
+    only; `null_content`: a reply of tool calls has a null content (the template writes its
+    calls only then). Decisions on the contract: comments above each entry."""
 
     G: str
     system: bool = True
@@ -76,6 +78,8 @@ class Spec:
     cohere: bool = False
     dict_arguments: bool = False
     next_header: str = ""
+    string_arguments: bool = False
+    null_content: bool = False
 
 
 LLAMA3_G = "<|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -105,8 +109,16 @@ SPECS = {
     # chat only: a later one has no header, its trained text starts at its first piece (the
     # function's name)
     "r1-distill-qwen": Spec("<｜Assistant｜><think>\n</think>", reasoning=True, tools=True),
-    # renders a message's tool calls only where its content is None (not "")
-    "r1-distill-llama": Spec("<｜Assistant｜><think>\n", reasoning=True),
+    # writes a message's tool calls only where its content is null (not ""), and concatenates
+    # their arguments as strings (dict arguments: the template raises); otherwise as the Qwen
+    # distill: a later tool-call message has no header
+    "r1-distill-llama": Spec(
+        "<｜Assistant｜><think>\n",
+        reasoning=True,
+        tools=True,
+        string_arguments=True,
+        null_content=True,
+    ),
     # writes `<think></think>` after every `<｜Assistant｜>` of history (thinking off): the
     # whole of G is the header
     "deepseek-v3.1": Spec("<｜Assistant｜><think></think>", reasoning=True, tools=True),
@@ -199,7 +211,9 @@ class Chats:
             self.n += 1
             call_id = f"c{self.n:08d}"  # Mistral's: 9 letters and digits
             arguments = {"query": self.text(1, 4)}
-            if not self.spec.dict_arguments and self.rng.random() < 0.3:
+            if self.spec.string_arguments or (
+                not self.spec.dict_arguments and self.rng.random() < 0.3
+            ):
                 # arguments as a JSON string, as OpenAI's API gives them
                 arguments = json.dumps(arguments, ensure_ascii=False)
             function = {"name": "lookup", "arguments": arguments}
@@ -207,7 +221,8 @@ class Chats:
             results.append(
                 {"role": "tool", "tool_call_id": call_id, "name": "lookup", "content": self.text()}
             )
-        return [{"role": "assistant", "content": "", "tool_calls": calls}, *results]
+        content = None if self.spec.null_content else ""
+        return [{"role": "assistant", "content": content, "tool_calls": calls}, *results]
 
     def chat(self) -> dict:
         spec, rng = self.spec, self.rng
@@ -251,11 +266,22 @@ class Family:
         self.specials = sorted(rt.special_tokens(self.tokenizer), key=len, reverse=True)
 
     def render(self, messages, tools=None, prompt=False) -> str:
-        from transformers.utils import chat_template_utils
+        from transformers.utils import chat_template_utils as utils
 
-        with mock.patch.object(chat_template_utils, "datetime", OnTheTemplateDate):
+        messages = template_messages(messages)
+        with mock.patch.object(utils, "datetime", OnTheTemplateDate):
+            if self.spec.null_content:  # apply_chat_template would drop a null content
+                variables = self.tokenizer.special_tokens_map
+                texts, _ = utils.render_jinja_template(
+                    [messages],
+                    tools=tools,
+                    chat_template=self.template,
+                    add_generation_prompt=prompt,
+                    **variables,
+                )
+                return texts[0]
             return self.tokenizer.apply_chat_template(
-                template_messages(messages),
+                messages,
                 tools=tools,
                 chat_template=self.template,
                 tokenize=False,
@@ -641,3 +667,28 @@ def test_template_date_not_the_clock(families, chats, tmp_path, monkeypatch):
         assert manifest["tokenized_from"]["encoder"]["template_date"] == day
         first = read_shards(tmp_path / out)["input_ids"][0].as_py()
         assert f"Current date: {day}" in family.tokenizer.decode(first)
+
+
+@pytest.mark.xdist_group("family-r1-distill-llama")
+def test_r1_distill_llama_refuses_object_arguments_saying_why(families, tmp_path):
+    """R1-Distill-Llama's template joins a call's arguments as text: a chat whose arguments
+    are an object is refused in one line naming FILE:LINE and what to give instead; the same
+    call with JSON-string arguments is trained (the matrix's chats)."""
+    family = families("r1-distill-llama")
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "lookup", "arguments": {"query": "zq1"}}
+    messages = [
+        {"role": "user", "content": "look zq2 up"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "found zq3"},
+        {"role": "assistant", "content": "it is zq4"},
+    ]
+    path = tmp_path / "object.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    args = ["tokenize", path, "--tokenizer", family.dir, "-o", tmp_path / "out"]
+    args += ["--chat-template", family.family.template_path, "--workers", "1"]
+    [(code, err)] = packer_commands([args])
+    assert code == 1
+    [line] = err.strip().splitlines()
+    assert f"{path}:1" in line and "give each call's `arguments` as a JSON string" in line
+    assert not (tmp_path / "out").exists()

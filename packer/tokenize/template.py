@@ -10,6 +10,7 @@ with a probe tool. Where each message lands in a render is `spans.py`'s job.
 
 from __future__ import annotations
 
+import json
 import re
 from contextlib import nullcontext
 
@@ -88,8 +89,10 @@ class ChatTemplate:
         self.method = "generation-tags" if self.tagged else "full-render"
         self._render = render_function()
         self.needs_tools = False
+        self.null_content = False  # until `calls_need_null_content` is probed
         self.eot = self.end_of_turn()
         self.tool_calls = "tool_calls" in text
+        self.null_content = self.calls_need_null_content()
         self.ends = self.end_tokens()
         self.prompt = self.generation_prompt()
         self.openers = self.call_openers()
@@ -132,7 +135,38 @@ class ChatTemplate:
 
     def probe(self, chat, prompt: bool = False) -> str:
         """A probe chat's render, with the probe tool where the template needs tools."""
+        chat = self.nulled(chat)
         return self.render(chat, [PROBE_TOOL] if self.needs_tools else None, prompt)[0]
+
+    def calls_need_null_content(self) -> bool:
+        """Whether the template writes a reply's tool calls only where its content is null
+        (R1-Distill-Llama's tests `content is none`): such replies are handed to it so."""
+        if not self.tool_calls:
+            return False
+        user = {"role": "user", "content": PROBE_USER}
+        for arguments in (PROBE_CALL["function"]["arguments"], json.dumps({"q": PROBE})):
+            call = dict(PROBE_CALL, function={"name": "probe_tool", "arguments": arguments})
+            renders = []
+            try:
+                for content in ("", None):
+                    reply = {"role": "assistant", "content": content, "tool_calls": [call]}
+                    text = self.probe(plain_chat([user, reply]))
+                    renders.append(text[text.find(PROBE_USER) :])
+            except Exception:  # dict arguments that it concatenates as strings
+                continue
+            return "probe_tool" not in renders[0] and "probe_tool" in renders[1]
+        return False
+
+    def nulled(self, messages) -> list[dict]:
+        """A reply of tool calls only with a null content, where the template needs it."""
+        if not self.null_content:
+            return messages
+        return [
+            dict(m, content=None)
+            if m.get("role") == "assistant" and m.get("tool_calls") and m.get("content") == ""
+            else m
+            for m in messages
+        ]
 
     def end_of_turn(self) -> str:
         """The first special token the template writes after an assistant reply."""
@@ -254,7 +288,7 @@ class ChatTemplate:
                 else m
                 for m in messages
             ]
-        return plain_chat(messages)
+        return self.nulled(plain_chat(messages))
 
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -263,8 +297,7 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 def plain_chat(messages) -> list[dict]:
     """The messages as transformers hands them to a template: plain JSON values (a fresh copy),
     reasoning under each of its names. A reply of tool calls without text has `content` "" (as
-    most templates expect; the R1-Distill-Llama template writes tool calls only for a null
-    content, and such chats are refused: it does not render their tool calls)."""
+    most templates expect; None where the template writes tool calls only then, `nulled`)."""
     chat = []
     for message in messages:
         message = plain(message)
