@@ -462,22 +462,28 @@ def read_samples(out: Path) -> list[tuple[list, list]]:
 
 
 SESSION = """
-import json
+import json, os, time
 {prelude}
 from typer.testing import CliRunner
 from packer.cli import app
 
 results = []
 for args in {commands!r}:
+    if args[0] == "python":  # a step of the test's own between two commands
+        exec(args[1])
+        continue
+    started = time.perf_counter()
     result = CliRunner().invoke(app, args)
-    results.append([result.exit_code, result.stderr[-3000:]])
-print(json.dumps(results))
+    seconds = time.perf_counter() - started
+    results.append([result.exit_code, result.stderr[-3000:], result.stdout[-20000:], seconds])
+print("\\n" + json.dumps(results))
 """
 
 
-def packer_commands(commands: list[list], prelude: str = "") -> list[tuple[int, str]]:
-    """(exit code, stderr) of each packer command, run one after the other in one process of
-    their own (so a vocabulary loads once; see `tokenize` for why not in this one)."""
+def packer_commands(commands: list[list], prelude: str = "") -> list[tuple]:
+    """(exit code, stderr, stdout, seconds) of each packer command, run one after the other in one
+    process of their own (so a vocabulary loads once; see `tokenize` for why not in this
+    one); a step ["python", CODE] runs CODE there between two commands."""
     commands = [[str(a) for a in args] for args in commands]
     result = python_script(SESSION.format(prelude=prelude, commands=commands))
     assert result.returncode == 0, result.stderr[-3000:]
@@ -531,13 +537,84 @@ def test_generation_prompt_is_the_tables(families, name):
     assert family.generation_prompt() == family.spec.G
 
 
-@pytest.mark.parametrize("mode", ["assistant", "last"])
 @pytest.mark.parametrize("name", grouped(NAMES))
-def test_train_on(families, chats, tmp_path, name, mode):
+def test_train_on_last(families, chats, tmp_path, name):
     family = families(name)
     rows, path = chats(name)
-    samples = tokenize(family, path, tmp_path / "out", "--train-on", mode)
-    check(family, rows, samples, mode)
+    samples = tokenize(family, path, tmp_path / "out", "--train-on", "last")
+    check(family, rows, samples, "last")
+
+
+ONE_CPU = """
+cpus = sorted(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpus[os.getpid() % len(cpus)]})  # verify re-tokenizes in-process
+"""
+FLIP = """
+import pyarrow as pa
+from pathlib import Path
+from packer.hashing import file_digest
+
+out = Path(%r)
+manifest = json.loads((out / "manifest.json").read_text())
+entry = manifest["shards"][0]
+path = out / entry["file"]
+table = pa.ipc.open_stream(path.read_bytes()).read_all()  # not mapped: rewritten below
+labels = table.column("labels").to_pylist()
+trained = [j for j, label in enumerate(labels[0]) if label != -100]
+labels[0][trained[len(trained) // 2]] = -100  # a trained token no longer trained
+column = table.schema.get_field_index("labels")
+table = table.set_column(column, table.schema.field(column), pa.array(labels, table.schema.field(column).type))
+with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+    writer.write_table(table)
+entry["xxh3_128"], entry["bytes"] = file_digest(path), path.stat().st_size  # past the hash check
+(out / "manifest.json").write_text(json.dumps(manifest))
+"""
+
+
+def shards(out: Path, pattern: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob(pattern))}
+
+
+@pytest.mark.parametrize("name", grouped(NAMES))
+def test_assistant_two_step_cache_and_verify(families, chats, tmp_path, monkeypatch, name):
+    """`--train-on assistant` (the labels checked against the contract), and the paths every
+    family must work on unchanged, in one process: `packer tokenize` then `packer pack` of its
+    output gives the bytes of `packer pack RAW --tokenizer`; a second such pack reuses the cache
+    entry (the same bytes as the tokenize output); `verify --input RAW --tokenizer` re-renders
+    the raw chats and passes, and fails on a copy with one trained label flipped."""
+    family = families(name)
+    rows, path = chats(name)
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    raw = ["--tokenizer", family.dir, "--chat-template", family.family.template_path]
+    pack = ["--max-len", "16384", "--workers", "1"]
+    check_raw = ["--input", path, *raw, "--no-attention", "--json"]
+    one = tmp_path / "one"
+    runs = packer_commands(
+        [
+            ["tokenize", path, *raw, "-o", tmp_path / "tok", "--workers", "1"],
+            ["pack", tmp_path / "tok", "-o", tmp_path / "two", *pack],
+            ["pack", path, *raw, "-o", one, *pack],
+            ["pack", path, *raw, "-o", tmp_path / "again", *pack],
+            ["verify", one, *check_raw],
+            ["python", f"import shutil; shutil.copytree({str(one)!r}, {str(tmp_path / 'bad')!r})"],
+            ["python", FLIP % str(tmp_path / "bad")],
+            ["verify", tmp_path / "bad", *check_raw],
+        ],
+        ONE_CPU,
+    )
+    assert [run[0] for run in runs] == [0, 0, 0, 0, 0, 1], [run[:2] for run in runs]
+    samples = read_samples(tmp_path / "tok")
+    check(family, rows, samples, "assistant")
+    packed = shards(one, "shard-*")
+    assert packed and shards(tmp_path / "two", "shard-*") == packed
+    assert "tokenized output reused from the cache" in runs[3][1]
+    assert shards(tmp_path / "again", "shard-*") == packed
+    [entry] = (tmp_path / "cache" / "tokenized").iterdir()
+    assert shards(entry, "part-*") == shards(tmp_path / "tok", "part-*")
+    checked = json.loads(runs[4][2])["checks"]["input"]
+    assert checked["ok"] and checked["samples"] == len(samples), checked
+    failed = json.loads(runs[5][2])["checks"]["input"]
+    assert failed["ran"] and not failed["ok"], failed
 
 
 @pytest.mark.parametrize("name", grouped(NAMES))
@@ -645,7 +722,7 @@ def test_template_date_not_the_clock(families, chats, tmp_path, monkeypatch):
     base = ["tokenize", path, "--tokenizer", family.dir, "--chat-template", template]
     for year in (1999, 2031):
         out = tmp_path / f"on-{year}"
-        [(code, err)] = packer_commands(
+        [(code, err, *_)] = packer_commands(
             [[*base, "-o", out, "--workers", "1"]], MOVED_CLOCK.format(year=year)
         )
         assert code == 0, err
@@ -658,7 +735,7 @@ def test_template_date_not_the_clock(families, chats, tmp_path, monkeypatch):
     dated = [*pack, "--template-date", "2030-02-03", "-o", tmp_path / "dated"]
     bad = [*pack, "--template-date", "2030-02-30", "-o", tmp_path / "bad"]
     runs = packer_commands([[*pack, "-o", tmp_path / "default"], dated, bad])
-    assert [code for code, _ in runs] == [0, 0, 2], runs
+    assert [run[0] for run in runs] == [0, 0, 2], runs
     assert "--template-date: '2030-02-30' is not a date" in runs[2][1]
     assert not (tmp_path / "bad").exists()
     assert len(list((tmp_path / "cache" / "tokenized").iterdir())) == 2
@@ -687,8 +764,79 @@ def test_r1_distill_llama_refuses_object_arguments_saying_why(families, tmp_path
     path.write_text(json.dumps({"messages": messages}) + "\n")
     args = ["tokenize", path, "--tokenizer", family.dir, "-o", tmp_path / "out"]
     args += ["--chat-template", family.family.template_path, "--workers", "1"]
-    [(code, err)] = packer_commands([args])
+    [(code, err, *_)] = packer_commands([args])
     assert code == 1
     [line] = err.strip().splitlines()
     assert f"{path}:1" in line and "give each call's `arguments` as a JSON string" in line
     assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Ray: every family's chats tokenized as Ray tasks give the local run's bytes
+
+RAY_CHATS = 4
+# every family would take 195 s on a loaded 2-core machine (each family's vocabulary loaded by
+# the driver and again by the Ray worker its batch lands on: 3-20 s each); these are the
+# templates that differ most, on the vocabularies that load fastest, plus gpt-oss's:
+# Mistral's (no generation prompt: a reply starts after `[/INST]`; the system prompt moved into
+# the last user turn; `[TOOL_CALLS]` opens a reply; Small-3.2 writes the date), Phi-3.5's (text
+# after the last turn), Granite's (a default system prompt with the date), DeepSeek-V3.1's
+# (`<think></think>` in the header, DeepSeek's tool-call tokens) and gpt-oss's (reasoning read
+# as `thinking` and kept for the last reply, three end-of-turn tokens, tool results through
+# `tojson`, the date). Mistral-Nemo and Small-3.2 share a vocabulary: one load.
+RAY_FAMILIES = [
+    "mistral-nemo",
+    "mistral-small-3.2",
+    "phi-3.5",
+    "granite-3.3",
+    "deepseek-v3.1",
+    "gpt-oss",
+]
+ON_RAY = """
+import json, time
+from pathlib import Path
+from packer.pipelines.tokenize_engine import EngineRunner
+from packer.tokenize.encode import Encoder
+from packer.tokenize.run import tokenize
+
+runner = EngineRunner("ray", {address!r}, 3)  # one driver for every family's batches
+seconds = {{}}
+try:
+    for name, raw, tokenizer, template, out in {jobs!r}:
+        started = time.perf_counter()
+        encoder = Encoder(tokenizer, template)
+        tokenize(raw, Path(out) / "local", encoder, workers=1)
+        tokenize(raw, Path(out) / "ray", encoder, runner=runner)
+        seconds[name] = round(time.perf_counter() - started, 2)
+finally:
+    runner.close()
+print(json.dumps(seconds))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")  # the cluster's tests share one test process (conftest)
+def test_every_family_on_ray_writes_the_local_bytes(chats, cluster, tmp_path):
+    """A few chats of each of RAY_FAMILIES tokenized on the test cluster (one Ray driver, each
+    family's batch a task that builds the family's encoder on a Ray worker): the files are
+    the local run's, byte for byte."""
+    jobs = []
+    for name in RAY_FAMILIES:
+        if rt.missing(family=rt.FAMILIES[name]):
+            continue
+        rows, _ = chats(name)
+        raw = tmp_path / f"{name}.jsonl"
+        raw.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[:RAY_CHATS]))
+        family = rt.FAMILIES[name]
+        tokenizer = rt.tokenizer_dir(family.vocab)
+        jobs.append(
+            [name, str(raw), str(tokenizer), str(family.template_path), str(tmp_path / name)]
+        )
+    if not jobs:
+        pytest.skip(f"no family's template and vocabulary are in place: {rt.SETUP}")
+    result = python_script(ON_RAY.format(address=cluster, jobs=jobs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    print("seconds per family:", result.stdout.strip().splitlines()[-1])
+    for name, *_, out in jobs:
+        local = files(Path(out) / "local")
+        assert len(local) == 2 and files(Path(out) / "ray") == local, name  # a shard, the json
