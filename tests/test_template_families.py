@@ -149,9 +149,17 @@ SPECS = {
     "smollm3": Spec(CHATML_G),
     "hermes-2-pro": Spec(CHATML_G, tools=True, needs_tools=True),
     "hermes-3": Spec(CHATML_G, tools=True, needs_tools=True),
-    # tools in Cohere's format (parameter_definitions)
+    # tools in Cohere's format (parameter_definitions); tool calls as `Action: ```json [...]```
+    # and no control token: the turn ends where the next message's header begins; arguments
+    # written through tojson: dicts only
     "command-r-plus": Spec(
-        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", needs_tools=True, first=False, cohere=True
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        needs_tools=True,
+        tools=True,
+        first=False,
+        cohere=True,
+        dict_arguments=True,
+        next_header="<|START_OF_TURN_TOKEN|>",
     ),
 }
 
