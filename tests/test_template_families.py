@@ -753,9 +753,11 @@ import datetime
 from transformers.utils import chat_template_utils
 
 class Moved(datetime.datetime):
+    year_now = 1999
+
     @classmethod
     def now(cls, tz=None):
-        return datetime.datetime({year}, 7, 4, 13, 30)
+        return datetime.datetime(cls.year_now, 7, 4, 13, 30)
 
 chat_template_utils.datetime = Moved  # what transformers' strftime_now reads
 """
@@ -769,28 +771,29 @@ def files(out: Path) -> dict[str, bytes]:
 def test_template_date_not_the_clock(families, chats, tmp_path, monkeypatch):
     """gpt-oss writes "Current date: ..." into every render: two runs on different days give
     the same bytes (the date is --template-date's, 2025-01-01 unless given); another
-    --template-date gives other ids, another cache entry, and the manifest records it."""
+    --template-date gives other ids, another cache entry, and the manifest records it. One
+    process: its clock moved from 1999 to 2031 between the two runs."""
     family = families("gpt-oss")
     rows, path = chats("gpt-oss")
-    template = family.family.template_path
-    base = ["tokenize", path, "--tokenizer", family.dir, "--chat-template", template]
-    for year in (1999, 2031):
-        out = tmp_path / f"on-{year}"
-        [(code, err, *_)] = packer_commands(
-            [[*base, "-o", out, "--workers", "1"]], MOVED_CLOCK.format(year=year)
-        )
-        assert code == 0, err
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    raw = ["--tokenizer", family.dir, "--chat-template", family.family.template_path]
+    tokenize = ["tokenize", path, *raw, "--workers", "1", "-o"]
+    pack = ["pack", path, *raw, "--max-len", "16384", "--workers", "1"]
+    runs = packer_commands(
+        [
+            [*tokenize, tmp_path / "on-1999"],
+            ["python", "Moved.year_now = 2031"],
+            [*tokenize, tmp_path / "on-2031"],
+            [*pack, "-o", tmp_path / "default"],
+            [*pack, "--template-date", "2030-02-03", "-o", tmp_path / "dated"],
+            [*pack, "--template-date", "2030-02-30", "-o", tmp_path / "bad"],
+        ],
+        MOVED_CLOCK,
+    )
+    assert [run[0] for run in runs] == [0, 0, 0, 0, 2], [run[:2] for run in runs]
     assert files(tmp_path / "on-1999") == files(tmp_path / "on-2031")
     check(family, rows, read_samples(tmp_path / "on-1999"), "assistant")  # on 2025-01-01
-
-    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
-    pack = ["pack", path, "--tokenizer", family.dir, "--chat-template", template]
-    pack += ["--max-len", "16384", "--workers", "1"]
-    dated = [*pack, "--template-date", "2030-02-03", "-o", tmp_path / "dated"]
-    bad = [*pack, "--template-date", "2030-02-30", "-o", tmp_path / "bad"]
-    runs = packer_commands([[*pack, "-o", tmp_path / "default"], dated, bad])
-    assert [run[0] for run in runs] == [0, 0, 2], runs
-    assert "--template-date: '2030-02-30' is not a date" in runs[2][1]
+    assert "--template-date: '2030-02-30' is not a date" in runs[4][1]
     assert not (tmp_path / "bad").exists()
     assert len(list((tmp_path / "cache" / "tokenized").iterdir())) == 2
     for out, day in [("default", "2025-01-01"), ("dated", "2030-02-03")]:
