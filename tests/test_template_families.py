@@ -362,10 +362,16 @@ class Family:
             # none: the turn ends at the end of the render (Gemma-4's tool calls, last)
             at, token = min([(at, t) for at, t in hits if at >= 0] or [(len(text), "")])
             eot_start, eot_end = at, at + len(token)
-            if spec.next_header and i + 1 < len(messages):
-                # no control token before the next message's header: the turn ends there
-                following = self.pieces(messages[i + 1], text)
-                cut = text.rfind(spec.next_header, last, following[0][1]) if following else -1
+            if spec.next_header:
+                # no control token before the next message's header: the turn ends there; where
+                # the header is any message's (G's first token: Command-R+), also before the
+                # text the template adds after the last turn (its instructions to the model)
+                following = self.pieces(messages[i + 1], text) if i + 1 < len(messages) else []
+                cut = -1
+                if following:
+                    cut = text.rfind(spec.next_header, last, following[0][1])
+                elif G.startswith(spec.next_header):
+                    cut = text.find(spec.next_header, last)
                 if cut >= 0 and cut < eot_start:
                     eot_start = eot_end = cut
             after = last
