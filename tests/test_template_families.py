@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from unittest import mock
 
 import pyarrow.parquet as pq
 import pytest
@@ -34,10 +36,22 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 import real_templates as rt  # noqa: E402
-from conftest import python_script  # noqa: E402
+from conftest import python_script, read_shards  # noqa: E402
 
 IGNORE = -100
 CHATS = 20
+# the date packer's renders write where a template writes today's date (`strftime_now`:
+# gpt-oss, Llama-3.2, Mistral-Small-3.2, Granite-3.3), unless --template-date is given
+TEMPLATE_DATE = datetime(2025, 1, 1)
+
+
+class OnTheTemplateDate(datetime):
+    """transformers' `strftime_now` reads `datetime.now()`: the references are rendered on
+    packer's date."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return TEMPLATE_DATE
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,9 @@ class Spec:
     `one_call`: at most one tool call per message; `cohere`: tools in Cohere's format;
     `dict_arguments`: tool-call arguments as dicts only (otherwise JSON strings too);
     `next_header`: where no control token ends a turn, the text the next message's header
-    begins with (the turn ends there). Decisions on the contract: comments above each entry."""
+    begins with (the turn ends there); `string_arguments`: tool-call arguments as JSON strings
+    only; `null_content`: a reply of tool calls has a null content (the template writes its
+    calls only then). Decisions on the contract: comments above each entry."""
 
     G: str
     system: bool = True
@@ -62,6 +78,8 @@ class Spec:
     cohere: bool = False
     dict_arguments: bool = False
     next_header: str = ""
+    string_arguments: bool = False
+    null_content: bool = False
 
 
 LLAMA3_G = "<|start_header_id|>assistant<|end_header_id|>\n\n"
@@ -91,8 +109,16 @@ SPECS = {
     # chat only: a later one has no header, its trained text starts at its first piece (the
     # function's name)
     "r1-distill-qwen": Spec("<｜Assistant｜><think>\n</think>", reasoning=True, tools=True),
-    # renders a message's tool calls only where its content is None (not "")
-    "r1-distill-llama": Spec("<｜Assistant｜><think>\n", reasoning=True),
+    # writes a message's tool calls only where its content is null (not ""), and concatenates
+    # their arguments as strings (dict arguments: the template raises); otherwise as the Qwen
+    # distill: a later tool-call message has no header
+    "r1-distill-llama": Spec(
+        "<｜Assistant｜><think>\n",
+        reasoning=True,
+        tools=True,
+        string_arguments=True,
+        null_content=True,
+    ),
     # writes `<think></think>` after every `<｜Assistant｜>` of history (thinking off): the
     # whole of G is the header
     "deepseek-v3.1": Spec("<｜Assistant｜><think></think>", reasoning=True, tools=True),
@@ -123,9 +149,17 @@ SPECS = {
     "smollm3": Spec(CHATML_G),
     "hermes-2-pro": Spec(CHATML_G, tools=True, needs_tools=True),
     "hermes-3": Spec(CHATML_G, tools=True, needs_tools=True),
-    # tools in Cohere's format (parameter_definitions)
+    # tools in Cohere's format (parameter_definitions); tool calls as `Action: ```json [...]```
+    # and no control token: the turn ends where the next message's header begins; arguments
+    # written through tojson: dicts only
     "command-r-plus": Spec(
-        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", needs_tools=True, first=False, cohere=True
+        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
+        needs_tools=True,
+        tools=True,
+        first=False,
+        cohere=True,
+        dict_arguments=True,
+        next_header="<|START_OF_TURN_TOKEN|>",
     ),
 }
 
@@ -185,7 +219,9 @@ class Chats:
             self.n += 1
             call_id = f"c{self.n:08d}"  # Mistral's: 9 letters and digits
             arguments = {"query": self.text(1, 4)}
-            if not self.spec.dict_arguments and self.rng.random() < 0.3:
+            if self.spec.string_arguments or (
+                not self.spec.dict_arguments and self.rng.random() < 0.3
+            ):
                 # arguments as a JSON string, as OpenAI's API gives them
                 arguments = json.dumps(arguments, ensure_ascii=False)
             function = {"name": "lookup", "arguments": arguments}
@@ -193,7 +229,8 @@ class Chats:
             results.append(
                 {"role": "tool", "tool_call_id": call_id, "name": "lookup", "content": self.text()}
             )
-        return [{"role": "assistant", "content": "", "tool_calls": calls}, *results]
+        content = None if self.spec.null_content else ""
+        return [{"role": "assistant", "content": content, "tool_calls": calls}, *results]
 
     def chat(self) -> dict:
         spec, rng = self.spec, self.rng
@@ -237,13 +274,27 @@ class Family:
         self.specials = sorted(rt.special_tokens(self.tokenizer), key=len, reverse=True)
 
     def render(self, messages, tools=None, prompt=False) -> str:
-        return self.tokenizer.apply_chat_template(
-            template_messages(messages),
-            tools=tools,
-            chat_template=self.template,
-            tokenize=False,
-            add_generation_prompt=prompt,
-        )
+        from transformers.utils import chat_template_utils as utils
+
+        messages = template_messages(messages)
+        with mock.patch.object(utils, "datetime", OnTheTemplateDate):
+            if self.spec.null_content:  # apply_chat_template would drop a null content
+                variables = self.tokenizer.special_tokens_map
+                texts, _ = utils.render_jinja_template(
+                    [messages],
+                    tools=tools,
+                    chat_template=self.template,
+                    add_generation_prompt=prompt,
+                    **variables,
+                )
+                return texts[0]
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=self.template,
+                tokenize=False,
+                add_generation_prompt=prompt,
+            )
 
     def generation_prompt(self) -> str:
         tools = Chats(self.spec, 0).tools() if self.spec.needs_tools else None
@@ -311,10 +362,16 @@ class Family:
             # none: the turn ends at the end of the render (Gemma-4's tool calls, last)
             at, token = min([(at, t) for at, t in hits if at >= 0] or [(len(text), "")])
             eot_start, eot_end = at, at + len(token)
-            if spec.next_header and i + 1 < len(messages):
-                # no control token before the next message's header: the turn ends there
-                following = self.pieces(messages[i + 1], text)
-                cut = text.rfind(spec.next_header, last, following[0][1]) if following else -1
+            if spec.next_header:
+                # no control token before the next message's header: the turn ends there; where
+                # the header is any message's (G's first token: Command-R+), also before the
+                # text the template adds after the last turn (its instructions to the model)
+                following = self.pieces(messages[i + 1], text) if i + 1 < len(messages) else []
+                cut = -1
+                if following:
+                    cut = text.rfind(spec.next_header, last, following[0][1])
+                elif G.startswith(spec.next_header):
+                    cut = text.find(spec.next_header, last)
                 if cut >= 0 and cut < eot_start:
                     eot_start = eot_end = cut
             after = last
@@ -406,11 +463,45 @@ def tokenize(family: Family, path: Path, out: Path, *options) -> list[tuple[list
         f"import sys; from packer.cli import run; sys.argv = ['packer', *{[*args, *options]!r}]; run()"
     )
     assert result.returncode == 0, (family.name, options, result.stderr[-2000:])
+    return read_samples(out)
+
+
+def read_samples(out: Path) -> list[tuple[list, list]]:
+    """(input_ids, labels) of every sample of a `packer tokenize` output, in order."""
     rows = []
     for shard in sorted(out.glob("part-*.parquet")):
         table = pq.read_table(shard)
         rows += zip(table["input_ids"].to_pylist(), table["labels"].to_pylist())
     return rows
+
+
+SESSION = """
+import json, os, time
+{prelude}
+from typer.testing import CliRunner
+from packer.cli import app
+
+results = []
+for args in {commands!r}:
+    if args[0] == "python":  # a step of the test's own between two commands
+        exec(args[1])
+        continue
+    started = time.perf_counter()
+    result = CliRunner().invoke(app, args)
+    seconds = time.perf_counter() - started
+    results.append([result.exit_code, result.stderr[-3000:], result.stdout, seconds])
+print("\\n" + json.dumps(results))
+"""
+
+
+def packer_commands(commands: list[list], prelude: str = "") -> list[tuple]:
+    """(exit code, stderr, stdout, seconds) of each packer command, run one after the other in one
+    process of their own (so a vocabulary loads once; see `tokenize` for why not in this
+    one); a step ["python", CODE] runs CODE there between two commands."""
+    commands = [[str(a) for a in args] for args in commands]
+    result = python_script(SESSION.format(prelude=prelude, commands=commands))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [tuple(r) for r in json.loads(result.stdout.strip().splitlines()[-1])]
 
 
 def expected(family: Family, row: dict, mode: str, **switches):
@@ -460,13 +551,130 @@ def test_generation_prompt_is_the_tables(families, name):
     assert family.generation_prompt() == family.spec.G
 
 
-@pytest.mark.parametrize("mode", ["assistant", "last"])
 @pytest.mark.parametrize("name", grouped(NAMES))
-def test_train_on(families, chats, tmp_path, name, mode):
+def test_train_on_last(families, chats, tmp_path, name):
     family = families(name)
     rows, path = chats(name)
-    samples = tokenize(family, path, tmp_path / "out", "--train-on", mode)
-    check(family, rows, samples, mode)
+    samples = tokenize(family, path, tmp_path / "out", "--train-on", "last")
+    check(family, rows, samples, "last")
+
+
+ONE_CPU = """
+cpus = sorted(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpus[os.getpid() % len(cpus)]})  # verify re-tokenizes in-process
+"""
+FLIP = """
+import pyarrow as pa
+from pathlib import Path
+from packer.hashing import file_digest
+
+out = Path(%r)
+manifest = json.loads((out / "manifest.json").read_text())
+entry = manifest["shards"][0]
+path = out / entry["file"]
+table = pa.ipc.open_stream(path.read_bytes()).read_all()  # not mapped: rewritten below
+labels = table.column("labels").to_pylist()
+trained = [j for j, label in enumerate(labels[0]) if label != -100]
+labels[0][trained[len(trained) // 2]] = -100  # a trained token no longer trained
+column = table.schema.get_field_index("labels")
+table = table.set_column(column, table.schema.field(column), pa.array(labels, table.schema.field(column).type))
+with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
+    writer.write_table(table)
+entry["xxh3_128"], entry["bytes"] = file_digest(path), path.stat().st_size  # past the hash check
+(out / "manifest.json").write_text(json.dumps(manifest))
+"""
+
+
+def shards(out: Path, pattern: str) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.glob(pattern))}
+
+
+@pytest.mark.parametrize("name", grouped(NAMES))
+def test_assistant_two_step_cache_and_verify(families, chats, tmp_path, monkeypatch, name):
+    """`--train-on assistant` (the labels checked against the contract), and the paths every
+    family must work on unchanged, in one process: `packer tokenize` then `packer pack` of its
+    output gives the bytes of `packer pack RAW --tokenizer`; a second such pack reuses the cache
+    entry (the same bytes as the tokenize output); `verify --input RAW --tokenizer` re-renders
+    the raw chats and passes, and fails on a copy with one trained label flipped."""
+    family = families(name)
+    rows, path = chats(name)
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    raw = ["--tokenizer", family.dir, "--chat-template", family.family.template_path]
+    pack = ["--max-len", "16384", "--workers", "1"]
+    check_raw = ["--input", path, *raw, "--no-attention", "--json"]
+    one = tmp_path / "one"
+    runs = packer_commands(
+        [
+            ["tokenize", path, *raw, "-o", tmp_path / "tok", "--workers", "1"],
+            ["pack", tmp_path / "tok", "-o", tmp_path / "two", *pack],
+            ["pack", path, *raw, "-o", one, *pack],
+            ["pack", path, *raw, "-o", tmp_path / "again", *pack],
+            ["verify", one, *check_raw],
+            ["python", f"import shutil; shutil.copytree({str(one)!r}, {str(tmp_path / 'bad')!r})"],
+            ["python", FLIP % str(tmp_path / "bad")],
+            ["verify", tmp_path / "bad", *check_raw],
+            ["inspect", one, "--tokenizer", family.dir, "--json"],
+        ],
+        ONE_CPU,
+    )
+    assert [run[0] for run in runs] == [0, 0, 0, 0, 0, 1, 0], [run[:2] for run in runs]
+    samples = read_samples(tmp_path / "tok")
+    check(family, rows, samples, "assistant")
+    packed = shards(one, "shard-*")
+    assert packed and shards(tmp_path / "two", "shard-*") == packed
+    assert "tokenized output reused from the cache" in runs[3][1]
+    assert shards(tmp_path / "again", "shard-*") == packed
+    [entry] = (tmp_path / "cache" / "tokenized").iterdir()
+    assert shards(entry, "part-*") == shards(tmp_path / "tok", "part-*")
+    checked = json.loads(runs[4][2])["checks"]["input"]
+    assert checked["ok"] and checked["samples"] == len(samples), checked
+    failed = json.loads(runs[5][2])["checks"]["input"]
+    assert failed["ran"] and not failed["ok"], failed
+    check_inspect(family, rows, json.loads(runs[6][2])["row_views"][0])
+
+
+def check_inspect(family: Family, rows: list[dict], view: dict) -> None:
+    """What `packer inspect --tokenizer` shows of a packed row's samples (each a chat under
+    --train-on assistant): the sample's tokens decoded run by run, the runs outside « » the
+    contract's trained tokens. Where the decoder gives the render back (all vocabularies but
+    the SentencePiece ones, which write a space after a special token: Phi-3.5, Mistral's),
+    those runs are the contract's trained spans of the render, character for character."""
+    decode = family.tokenizer.backend_tokenizer.decode
+    shown = 0
+    for segment in view["segments"]:
+        if segment.get("padding"):
+            continue
+        row = rows[segment["sample_index"]]
+        messages = row["messages"]
+        text = family.render(messages, row.get("tools"))
+        replies = {i for i, m in enumerate(messages) if m["role"] == "assistant"}
+        spans = family.spans(messages, text, replies)
+        ids, labels = family.labels(text, spans)
+        bounds = [0] + [
+            j for j in range(1, len(ids)) if (labels[j] == IGNORE) != (labels[j - 1] == IGNORE)
+        ]
+        want = [
+            (labels[a] == IGNORE, decode(ids[a:b], skip_special_tokens=False))
+            for a, b in zip(bounds, [*bounds[1:], len(ids)])
+        ]
+        runs = [(run["masked"], run["text"]) for run in segment["text"]]
+        assert runs == want, (family.name, segment["sample_index"])
+        if "".join(t for _, t in runs) == text:
+            trained = [t for masked, t in runs if not masked]
+            assert trained == [text[a:b] for a, b in merged(spans)], family.name
+        shown += 1
+    assert shown, view
+
+
+def merged(spans) -> list[tuple[int, int]]:
+    """Character spans, the ones that touch joined (a run of trained tokens has no gap)."""
+    out: list[list[int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 @pytest.mark.parametrize("name", grouped(NAMES))
@@ -541,3 +749,157 @@ def test_reasoning_input_forms(families, chats, tmp_path, form):
     want = tokenize(family, path, tmp_path / "a")
     assert tokenize(family, other, tmp_path / "b") == want
     check(family, rows, want, "assistant")
+
+
+# --------------------------------------------------------------------------------------------
+# the date a template writes (`strftime_now`): packer's --template-date, never the clock
+
+MOVED_CLOCK = """
+import datetime
+from transformers.utils import chat_template_utils
+
+class Moved(datetime.datetime):
+    year_now = 1999
+
+    @classmethod
+    def now(cls, tz=None):
+        return datetime.datetime(cls.year_now, 7, 4, 13, 30)
+
+chat_template_utils.datetime = Moved  # what transformers' strftime_now reads
+"""
+
+
+def files(out: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+
+@pytest.mark.xdist_group("family-gpt-oss")
+def test_template_date_not_the_clock(families, chats, tmp_path, monkeypatch):
+    """gpt-oss writes "Current date: ..." into every render: two runs on different days give
+    the same bytes (the date is --template-date's, 2025-01-01 unless given); another
+    --template-date gives other ids, another cache entry, and the manifest records it. One
+    process: its clock moved from 1999 to 2031 between the two runs."""
+    family = families("gpt-oss")
+    rows, path = chats("gpt-oss")
+    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+    raw = ["--tokenizer", family.dir, "--chat-template", family.family.template_path]
+    tokenize = ["tokenize", path, *raw, "--workers", "1", "-o"]
+    pack = ["pack", path, *raw, "--max-len", "16384", "--workers", "1"]
+    runs = packer_commands(
+        [
+            [*tokenize, tmp_path / "on-1999"],
+            ["python", "Moved.year_now = 2031"],
+            [*tokenize, tmp_path / "on-2031"],
+            [*pack, "-o", tmp_path / "default"],
+            [*pack, "--template-date", "2030-02-03", "-o", tmp_path / "dated"],
+            [*pack, "--template-date", "2030-02-30", "-o", tmp_path / "bad"],
+        ],
+        MOVED_CLOCK,
+    )
+    assert [run[0] for run in runs] == [0, 0, 0, 0, 2], [run[:2] for run in runs]
+    assert files(tmp_path / "on-1999") == files(tmp_path / "on-2031")
+    check(family, rows, read_samples(tmp_path / "on-1999"), "assistant")  # on 2025-01-01
+    assert "--template-date: '2030-02-30' is not a date" in runs[4][1]
+    assert not (tmp_path / "bad").exists()
+    assert len(list((tmp_path / "cache" / "tokenized").iterdir())) == 2
+    for out, day in [("default", "2025-01-01"), ("dated", "2030-02-03")]:
+        manifest = json.loads((tmp_path / out / "manifest.json").read_text())
+        assert manifest["tokenized_from"]["encoder"]["template_date"] == day
+        first = read_shards(tmp_path / out)["input_ids"][0].as_py()
+        assert f"Current date: {day}" in family.tokenizer.decode(first)
+
+
+@pytest.mark.xdist_group("family-r1-distill-llama")
+def test_r1_distill_llama_refuses_object_arguments_saying_why(families, tmp_path):
+    """R1-Distill-Llama's template joins a call's arguments as text: a chat whose arguments
+    are an object is refused in one line naming FILE:LINE and what to give instead; the same
+    call with JSON-string arguments is trained (the matrix's chats)."""
+    family = families("r1-distill-llama")
+    call = {"id": "c1", "type": "function"}
+    call["function"] = {"name": "lookup", "arguments": {"query": "zq1"}}
+    messages = [
+        {"role": "user", "content": "look zq2 up"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "found zq3"},
+        {"role": "assistant", "content": "it is zq4"},
+    ]
+    path = tmp_path / "object.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    args = ["tokenize", path, "--tokenizer", family.dir, "-o", tmp_path / "out"]
+    args += ["--chat-template", family.family.template_path, "--workers", "1"]
+    [(code, err, *_)] = packer_commands([args])
+    assert code == 1
+    [line] = err.strip().splitlines()
+    assert f"{path}:1" in line and "give each call's `arguments` as a JSON string" in line
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Ray: every family's chats tokenized as Ray tasks give the local run's bytes
+
+RAY_CHATS = 4
+# every family would take 195 s on a loaded 2-core machine (each family's vocabulary loaded by
+# the driver and again by the Ray worker its batch lands on: 3-20 s each); these are the
+# templates that differ most, on the vocabularies that load fastest, plus gpt-oss's:
+# Mistral's (no generation prompt: a reply starts after `[/INST]`; the system prompt moved into
+# the last user turn; `[TOOL_CALLS]` opens a reply; Small-3.2 writes the date), Phi-3.5's (text
+# after the last turn), Granite's (a default system prompt with the date), DeepSeek-V3.1's
+# (`<think></think>` in the header, DeepSeek's tool-call tokens) and gpt-oss's (reasoning read
+# as `thinking` and kept for the last reply, three end-of-turn tokens, tool results through
+# `tojson`, the date). Mistral-Nemo and Small-3.2 share a vocabulary: one load.
+RAY_FAMILIES = [
+    "mistral-nemo",
+    "mistral-small-3.2",
+    "phi-3.5",
+    "granite-3.3",
+    "deepseek-v3.1",
+    "gpt-oss",
+]
+ON_RAY = """
+import json, time
+from pathlib import Path
+from packer.pipelines.tokenize_engine import EngineRunner
+from packer.tokenize.encode import Encoder
+from packer.tokenize.run import tokenize
+
+runner = EngineRunner("ray", {address!r}, 3)  # one driver for every family's batches
+seconds = {{}}
+try:
+    for name, raw, tokenizer, template, out in {jobs!r}:
+        started = time.perf_counter()
+        encoder = Encoder(tokenizer, template)
+        tokenize(raw, Path(out) / "local", encoder, workers=1)
+        tokenize(raw, Path(out) / "ray", encoder, runner=runner)
+        seconds[name] = round(time.perf_counter() - started, 2)
+finally:
+    runner.close()
+print(json.dumps(seconds))
+"""
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")  # the cluster's tests share one test process (conftest)
+def test_every_family_on_ray_writes_the_local_bytes(chats, cluster, tmp_path):
+    """A few chats of each of RAY_FAMILIES tokenized on the test cluster (one Ray driver, each
+    family's batch a task that builds the family's encoder on a Ray worker): the files are
+    the local run's, byte for byte."""
+    jobs = []
+    for name in RAY_FAMILIES:
+        if rt.missing(family=rt.FAMILIES[name]):
+            continue
+        rows, _ = chats(name)
+        raw = tmp_path / f"{name}.jsonl"
+        raw.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows[:RAY_CHATS]))
+        family = rt.FAMILIES[name]
+        tokenizer = rt.tokenizer_dir(family.vocab)
+        jobs.append(
+            [name, str(raw), str(tokenizer), str(family.template_path), str(tmp_path / name)]
+        )
+    if not jobs:
+        pytest.skip(f"no family's template and vocabulary are in place: {rt.SETUP}")
+    result = python_script(ON_RAY.format(address=cluster, jobs=jobs))
+    assert result.returncode == 0, result.stderr[-3000:]
+    print("seconds per family:", result.stdout.strip().splitlines()[-1])
+    for name, *_, out in jobs:
+        local = files(Path(out) / "local")
+        assert len(local) == 2 and files(Path(out) / "ray") == local, name  # a shard, the json

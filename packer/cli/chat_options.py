@@ -1,5 +1,5 @@
 """The tokenizer options of `packer tokenize`, `pack` and `verify` (--train-reasoning,
---train-tool-calls, --turns beside --chat-template and --train-on): their flags and help, the
+--train-tool-calls, --turns, --template-date beside --chat-template and --train-on): their flags and help, the
 declarations pack and verify share (`raw_option`), and the cache key that holds them."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ MASK_FLAGS = {  # Encoder keyword -> the flag that sets it
     "train_reasoning": "--train-reasoning",
     "train_tool_calls": "--train-tool-calls",
     "turns": "--turns",
+    "template_date": "--template-date",
 }
 TEMPLATE_HELP = (
     "A Jinja chat template file that replaces the tokenizer's. [default: the tokenizer's]"
@@ -33,6 +34,20 @@ TURNS_HELP = (
     "[default: all]"
 )
 
+TEMPLATE_DATE_HELP = (
+    "The date a template that writes today's date (gpt-oss, Llama-3.2, Mistral-Small-3.2, "
+    "Granite-3.3) writes instead, YYYY-MM-DD: the output never depends on the day it is made. "
+    "[default: 2025-01-01]"
+)
+
+
+def template_date_option(help_prefix: str = ""):
+    import typer
+
+    return typer.Option(
+        None, "--template-date", metavar="YYYY-MM-DD", help=help_prefix + TEMPLATE_DATE_HELP
+    )
+
 
 def raw_option(key: str):
     """pack's and verify's option `key` of the tokenizer (each only with --tokenizer)."""
@@ -47,6 +62,8 @@ def raw_option(key: str):
         return typer.Option(
             None, "--train-on", metavar=choices(TRAIN_ON), help=with_tokenizer + TRAIN_ON_HELP
         )
+    if key == "template_date":
+        return template_date_option(with_tokenizer)
     if key == "turns":
         return typer.Option(
             None, "--turns", metavar=choices(TURNS), help=with_tokenizer + TURNS_HELP
@@ -73,7 +90,11 @@ def with_mask_options(key: str | None, options: dict) -> str | None:
 
     if key is None:
         return None
+    from packer.tokenize.clock import template_date
+
     defaults = {"train_reasoning": True, "train_tool_calls": True, "turns": "all"}
+    defaults["template_date"] = template_date(None)
     chosen = {k: (defaults[k] if v is None else v) for k, v in options.items()}
+    chosen["template_date"] = template_date(chosen.get("template_date"))  # 2025-01-01 as given
     digest = hashlib.sha256(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:16]
     return f"{key}:{digest}"

@@ -185,6 +185,7 @@ class PackTokenizing:
     train_tool_calls: bool | None
     turns: str | None
     tokenizer_engine: str | None  # --tokenizer-engine (None: the config's `tokenizer_engine`)
+    template_date: str | None
     workers: int | None
     memory_budget: str | None
     resume: bool
@@ -415,7 +416,7 @@ def retokenized(output: str, inputs, tokenizer, chat_template, train_on, options
     if packed is not None and packed != encoder.fingerprint:
         raise InputError(
             "was packed with another tokenizer, template or --train-on (or --train-reasoning, "
-            "--train-tool-calls, --turns) than the flags give (tokenized_from.encoder in its "
+            "--train-tool-calls, --turns, --template-date) than the flags give (tokenized_from.encoder in its "
             "manifest)",
             where=output,
         )

@@ -28,6 +28,7 @@ from packer.cli.chat_options import (
     TURNS,
     TURNS_HELP,
     mask_options,
+    template_date_option,
 )
 from packer.cli.raw import (
     COLUMN_HELP,
@@ -79,6 +80,7 @@ def tokenize(
         metavar=choices(TOKENIZER_ENGINES),
         help=TOKENIZER_ENGINE_HELP,
     ),
+    template_date: Optional[str] = template_date_option(),
     allow_empty_mask: bool = typer.Option(
         False,
         "--allow-empty-mask",

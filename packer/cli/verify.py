@@ -164,6 +164,7 @@ def verify(
     train_reasoning: Optional[bool] = raw_option("train_reasoning"),
     train_tool_calls: Optional[bool] = raw_option("train_tool_calls"),
     turns: Optional[str] = raw_option("turns"),
+    template_date: Optional[str] = raw_option("template_date"),
     storage_option: list[str] = STORAGE_OPTION,
     json_out: bool = JSON,
     debug: bool = DEBUG,

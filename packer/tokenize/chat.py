@@ -92,6 +92,11 @@ class ChatMasks:
                 f"the chat template needs the chat's tools and the record has none ({reason}): "
                 "add a `tools` column with the tool definitions"
             )
+        if isinstance(error, TypeError) and 'concatenate str (not "dict")' in reason:
+            return (  # R1-Distill-Llama's: `... + tool['function']['arguments'] + ...`
+                f"the chat template writes tool-call arguments as text and this chat's are an "
+                f"object ({reason}): give each call's `arguments` as a JSON string"
+            )
         lacks = isinstance(error, (jinja2.UndefinedError, TypeError, KeyError, AttributeError))
         if lacks:
             return (

@@ -78,6 +78,7 @@ class Encoder:
         train_tool_calls: bool = True,
         turns: str = "all",
         tokenizer_engine: str = "auto",
+        template_date: str | None = None,
     ):
         self.tokenizer_engine = choice(tokenizer_engine, "tokenizer_engine", ENGINES)
         self.train_on = choice(train_on, "train_on", TRAIN_ON)
@@ -105,6 +106,7 @@ class Encoder:
                 dict(self.tokenizer.special_tokens_map),
                 special_tokens(self.tokenizer),
                 where,
+                template_date,
             )
         # the reference, padding and truncation off: special tokens' ids, and the proof's
         self.reference = HFEngine(self.tokenizer.backend_tokenizer)
@@ -172,6 +174,12 @@ class Encoder:
             "train_reasoning": self.train_reasoning,
             "train_tool_calls": self.train_tool_calls,
             "turns": self.turns,
+            # where the template writes the date (`clock.py`): what it is answered from
+            **(
+                {"template_date": self.template.date}
+                if self.template and self.template.date
+                else {}
+            ),
         }
 
     @classmethod
@@ -186,6 +194,7 @@ class Encoder:
             train_tool_calls=spec.get("train_tool_calls", True),
             turns=spec.get("turns", "all"),
             tokenizer_engine=spec.get("tokenizer_engine", "auto"),
+            template_date=spec.get("template_date"),
         )
         if encoder.fingerprint != spec["fingerprint"]:
             raise TokenizerError(

@@ -23,7 +23,9 @@ The contract (docs/tokenize.md says the same to users), the same for every templ
   (Mistral's `[TOOL_CALLS]`, found by probing), or, with none, at the first piece.
 - The *end-of-turn token* is the first special token at or after the end of the message's last
   piece. Where none comes before the next message, the turn ends where the next assistant
-  message's header begins, at the end of the render, or (before a message of another role,
+  message's header begins, where the token that G opens with begins (any message's header:
+  Command-R+'s `<|START_OF_TURN_TOKEN|>`, an added token after its tool calls), at the end of
+  the render, or (before a message of another role,
   whose header is plain text) after the added token that closes a tool call (Gemma-4's
   `<tool_call|>`, not a control token in its vocabulary; found by probing), or else with its
   last piece.
@@ -216,6 +218,10 @@ class SpanFinder:
         # `<|im_start|>assistant\n` of `<|im_start|>assistant\n<think>\n`, not the `\n<` that
         # `\n<tool_call>` also holds)
         least = first.end() if first else len(prompt)
+        # the special or added token a header opens with (Command-R+'s
+        # `<|START_OF_TURN_TOKEN|>`): met after a reply's last piece, the next message begins
+        opening = [t for t in {*specials, *added} if t and prompt.startswith(t)]
+        self.opener = max(opening, key=len) if opening else None
         ends = {m.end() for m in self.special.finditer(prompt)} if self.special else set()
         ends |= {i + 1 for i, c in enumerate(prompt) if c == "\n"}
         ends |= {prompt.find(t) + len(t) for t in added if t and t in prompt}  # `<think>`
@@ -385,6 +391,9 @@ class SpanFinder:
         later = [p.start for p in placed if p.message != i and p.start >= after]
         headers = [at for m, (at, *_) in heads.items() if m != i and at >= after]
         limit = min([*later, *headers, len(text)])
+        opening = text.find(self.opener, after, limit) if self.opener else -1
+        if opening >= 0:
+            limit = opening  # the next message's header begins there
         if self.special is not None:
             found = None
             for found in self.special.finditer(text, after, limit):
@@ -393,7 +402,7 @@ class SpanFinder:
             if found is not None:  # an inexact end and none of the usual end tokens
                 first = self.special.search(text, after, limit)
                 return first.end(), True, first.start()
-        if limit == len(text) or limit in headers:
+        if opening >= 0 or limit == len(text) or limit in headers:
             return limit, False, None
         closer = self.closers.search(text, after, limit) if self.closers else None
         if closer is not None:  # a tool call closed by a token that is not a control token

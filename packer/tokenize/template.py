@@ -10,9 +10,12 @@ with a probe tool. Where each message lands in a render is `spans.py`'s job.
 
 from __future__ import annotations
 
+import json
 import re
+from contextlib import nullcontext
 
 from packer.errors import EXIT_FAILURE, EXIT_USAGE, PackerError, option
+from packer.tokenize.clock import fixed_clock, reads_clock, strftime_now, template_date
 
 TAGS = re.compile(r"\{%-?\s*generation\s*-?%\}")
 PROBE = "packer-probe-reply"
@@ -70,10 +73,15 @@ class ChatTemplate:
     """A template's text and what its probes found: `tagged` (has generation tags), `eot`
     (the end-of-turn token's text), `ends` (every special token it writes after a reply or a
     tool call), `prompt` (its generation prompt), `parts` (renders list content as text),
-    `needs_tools` (fails on a chat without tools)."""
+    `needs_tools` (fails on a chat without tools), `date` (what `strftime_now` answers from,
+    where the template calls it: `clock.py`)."""
 
-    def __init__(self, text: str, variables: dict, special_tokens: list[str], source: str):
+    def __init__(
+        self, text: str, variables: dict, special_tokens: list[str], source: str, date=None
+    ):
         self.text = text
+        day = template_date(date)  # a bad date is refused whatever the template
+        self.date = day if reads_clock(text) else None
         self.variables = variables  # bos_token, eos_token, ...: as apply_chat_template passes them
         self.source = source  # for messages: "the tokenizer's chat template" or the file
         self.specials = [t for t in special_tokens if t]
@@ -81,25 +89,36 @@ class ChatTemplate:
         self.method = "generation-tags" if self.tagged else "full-render"
         self._render = render_function()
         self.needs_tools = False
+        self.null_content = False  # until `calls_need_null_content` is probed
         self.eot = self.end_of_turn()
         self.tool_calls = "tool_calls" in text
+        self.null_content = self.calls_need_null_content()
         self.ends = self.end_tokens()
         self.prompt = self.generation_prompt()
         self.openers = self.call_openers()
         self.parts = self.renders_parts()
-        self.compiled = direct_template(text, self.render, self.variables, self.tagged)
+        self.compiled = direct_template(text, self.render, self.variables, self.tagged, self.date)
 
     def render(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
         """The chat's text, and the generation spans (character offsets) when tagged."""
-        rendered, spans = self._render(
-            [list(messages)],
-            tools=list(tools) if tools else None,
-            chat_template=self.text,
-            return_assistant_tokens_mask=self.tagged,
-            add_generation_prompt=prompt,
-            **self.variables,
-        )
+        with self.clock():
+            rendered, spans = self._render(
+                [list(messages)],
+                tools=list(tools) if tools else None,
+                chat_template=self.text,
+                return_assistant_tokens_mask=self.tagged,
+                add_generation_prompt=prompt,
+                **self.variables,
+            )
         return rendered[0], spans[0] if spans else []
+
+    def clock(self):
+        """transformers' renderer with `strftime_now` answered from `date`."""
+        if self.date is None:
+            return nullcontext()
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        return fixed_clock(_compile_jinja_template(self.text).environment, self.date)
 
     def render_direct(self, messages, tools=None, prompt: bool = False) -> tuple[str, list]:
         """`render` by the compiled template called directly, on messages that `plain_chat`
@@ -116,7 +135,38 @@ class ChatTemplate:
 
     def probe(self, chat, prompt: bool = False) -> str:
         """A probe chat's render, with the probe tool where the template needs tools."""
+        chat = self.nulled(chat)
         return self.render(chat, [PROBE_TOOL] if self.needs_tools else None, prompt)[0]
+
+    def calls_need_null_content(self) -> bool:
+        """Whether the template writes a reply's tool calls only where its content is null
+        (R1-Distill-Llama's tests `content is none`): such replies are handed to it so."""
+        if not self.tool_calls:
+            return False
+        user = {"role": "user", "content": PROBE_USER}
+        for arguments in (PROBE_CALL["function"]["arguments"], json.dumps({"q": PROBE})):
+            call = dict(PROBE_CALL, function={"name": "probe_tool", "arguments": arguments})
+            renders = []
+            try:
+                for content in ("", None):
+                    reply = {"role": "assistant", "content": content, "tool_calls": [call]}
+                    text = self.probe(plain_chat([user, reply]))
+                    renders.append(text[text.find(PROBE_USER) :])
+            except Exception:  # dict arguments that it concatenates as strings
+                continue
+            return "probe_tool" not in renders[0] and "probe_tool" in renders[1]
+        return False
+
+    def nulled(self, messages) -> list[dict]:
+        """A reply of tool calls only with a null content, where the template needs it."""
+        if not self.null_content:
+            return messages
+        return [
+            dict(m, content=None)
+            if m.get("role") == "assistant" and m.get("tool_calls") and m.get("content") == ""
+            else m
+            for m in messages
+        ]
 
     def end_of_turn(self) -> str:
         """The first special token the template writes after an assistant reply."""
@@ -238,7 +288,7 @@ class ChatTemplate:
                 else m
                 for m in messages
             ]
-        return plain_chat(messages)
+        return self.nulled(plain_chat(messages))
 
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -247,8 +297,7 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 def plain_chat(messages) -> list[dict]:
     """The messages as transformers hands them to a template: plain JSON values (a fresh copy),
     reasoning under each of its names. A reply of tool calls without text has `content` "" (as
-    most templates expect; the R1-Distill-Llama template writes tool calls only for a null
-    content, and such chats are refused: it does not render their tool calls)."""
+    most templates expect; None where the template writes tool calls only then, `nulled`)."""
     chat = []
     for message in messages:
         message = plain(message)
@@ -275,10 +324,12 @@ class DirectRender:
     rendering itself (a chat is rendered once per prefix). The globals are flattened once; the
     context, the rendering and the error handling are jinja's own."""
 
-    def __init__(self, compiled):
+    def __init__(self, compiled, date: str | None = None):
         self.compiled = compiled
         self.environment = compiled.environment
         self.globals = dict(compiled.globals)
+        if date is not None:
+            self.globals["strftime_now"] = strftime_now(date)
 
     def __call__(self, messages, tools, prompt: bool, variables: dict, tagged: bool):
         """(text, generation spans), as `render_jinja_template` renders and tracks them."""
@@ -301,14 +352,14 @@ class DirectRender:
             environment.handle_exception()  # jinja's: raises the error, with template lines
 
 
-def direct_template(text: str, render, variables: dict, tagged: bool):
+def direct_template(text: str, render, variables: dict, tagged: bool, date: str | None = None):
     """transformers' compiled template (its sandboxed environment, filters and generation
     tracker), to call without the per-call copying of `render_jinja_template`; None, and the
     slow path, where this transformers does not offer it or a probe chat renders otherwise."""
     try:
         from transformers.utils.chat_template_utils import _compile_jinja_template
 
-        compiled = DirectRender(_compile_jinja_template(text))
+        compiled = DirectRender(_compile_jinja_template(text), date)
         chat = [
             {"role": "system", "content": "s"},
             {"role": "user", "content": "u"},
