@@ -241,8 +241,7 @@ class Encoder:
         and texts) are compared between the engines the first time any are given, also where
         the engine was resolved before without them (in the driver, before its workers
         start). A difference there falls back to `hf` under `auto` (`note` says so) and
-        fails under `fastokens`. input_bytes: the run's input size, where known (under `auto`,
-        a small input is tokenized with `hf`: `engines.worth_building`)."""
+        fails under `fastokens`. input_bytes: the input's size (`engines.worth_building`)."""
         from packer.tokenize.engines import resolve_engine
 
         texts = list(texts)[:PROOF_TEXTS]
