@@ -23,7 +23,9 @@ to do the same with reasoning given under either name or inline as `<think>…</
 from __future__ import annotations
 
 import json
+import os
 import random
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -37,6 +39,9 @@ pytest.importorskip("gguf")
 
 import real_templates as rt  # noqa: E402
 from conftest import python_script, read_shards  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
+
+from packer.cli import app  # noqa: E402
 
 IGNORE = -100
 CHATS = 20
@@ -457,12 +462,10 @@ def chats(tmp_path_factory):
 def tokenize(family: Family, path: Path, out: Path, *options) -> list[tuple[list, list]]:
     args = ["tokenize", str(path), "--tokenizer", str(family.dir)]
     args += ["--chat-template", str(family.family.template_path), "-o", str(out), "--workers", "1"]
-    # a process of its own: an in-process run inherits what earlier tests of this worker left
-    # in the process's signal state (an interrupt recorded by a signal test: exit 130)
-    result = python_script(
-        f"import sys; from packer.cli import run; sys.argv = ['packer', *{[*args, *options]!r}]; run()"
-    )
-    assert result.returncode == 0, (family.name, options, result.stderr[-2000:])
+    # in this process: the vocabulary loaded once per worker (an earlier run's interrupt state
+    # is never inherited: tests/test_interrupt_state.py)
+    result = CliRunner().invoke(app, [*args, *options])
+    assert result.exit_code == 0, (family.name, options, result.output[-2000:])
     return read_samples(out)
 
 
@@ -495,10 +498,23 @@ print("\\n" + json.dumps(results))
 
 
 def packer_commands(commands: list[list], prelude: str = "") -> list[tuple]:
-    """(exit code, stderr, stdout, seconds) of each packer command, run one after the other in one
-    process of their own (so a vocabulary loads once; see `tokenize` for why not in this
-    one); a step ["python", CODE] runs CODE there between two commands."""
+    """(exit code, stderr, stdout, seconds) of each packer command, run one after the other; a
+    step ["python", CODE] runs CODE between two commands. In this process, on one core (verify
+    re-tokenizes here, not in worker processes); with a `prelude` (code that patches what the
+    commands see: the clock), in a process of their own that runs it first."""
     commands = [[str(a) for a in args] for args in commands]
+    if not prelude:
+        results = []
+        with mock.patch("packer.tokenize.run.available", return_value=1):
+            for args in commands:
+                if args[0] == "python":
+                    exec(args[1], {"json": json, "os": os})
+                    continue
+                started = time.perf_counter()
+                result = CliRunner().invoke(app, args)
+                seconds = time.perf_counter() - started
+                results.append((result.exit_code, result.stderr[-3000:], result.stdout, seconds))
+        return results
     result = python_script(SESSION.format(prelude=prelude, commands=commands))
     assert result.returncode == 0, result.stderr[-3000:]
     return [tuple(r) for r in json.loads(result.stdout.strip().splitlines()[-1])]
@@ -559,10 +575,6 @@ def test_train_on_last(families, chats, tmp_path, name):
     check(family, rows, samples, "last")
 
 
-ONE_CPU = """
-cpus = sorted(os.sched_getaffinity(0))
-os.sched_setaffinity(0, {cpus[os.getpid() % len(cpus)]})  # verify re-tokenizes in-process
-"""
 FLIP = """
 import pyarrow as pa
 from pathlib import Path
@@ -614,8 +626,7 @@ def test_assistant_two_step_cache_and_verify(families, chats, tmp_path, monkeypa
             ["python", FLIP % str(tmp_path / "bad")],
             ["verify", tmp_path / "bad", *check_raw],
             ["inspect", one, "--tokenizer", family.dir, "--json"],
-        ],
-        ONE_CPU,
+        ]
     )
     assert [run[0] for run in runs] == [0, 0, 0, 0, 0, 1, 0], [run[:2] for run in runs]
     samples = read_samples(tmp_path / "tok")
