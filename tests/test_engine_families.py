@@ -46,10 +46,10 @@ def test_engines_agree_on_the_family(families, chats, name):  # noqa: F811
     def encoder(engine: str):
         return Encoder(family.dir, chat_template=template, tokenizer_engine=engine)
 
-    hf = samples(encoder("hf"), records)
+    # `check` compares each sample with the contract's reference, whose ids are the 🤗
+    # tokenizer's encoding of the full render: equal to it, the samples are hf's
     auto = encoder("auto")
     got = samples(auto, records)
-    assert got == hf, name
     if auto.engine_name == "hf":  # a vocabulary fastokens refuses
         note = auto.take_note()
         assert note.startswith("tokenizer_engine auto: tokenizing with hf, not fastokens (")
