@@ -19,14 +19,20 @@ LLAMA_MODELS_WHEEL := .whl/llama_models-0.3.0-py3-none-any.whl
 REAL_TEMPLATES := vendor/llama.cpp/models/.extracted
 LLAMA3_TOKENIZER := vendor/llama-models/llama3/tokenizer.model
 
+# Bytecode: pip would compile all 19,000 modules it installs (a minute of one core); instead each
+# module is compiled on its first import and kept, also where the caller's environment sets
+# PYTHONDONTWRITEBYTECODE (this machine's image does): the suite imports about 2,500 of them,
+# and each `packer` subprocess it starts loads packer's bytecode instead of compiling its sources.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup demo test check lint format bench sample train-tiny mutation readers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_PIN)"
+	$(BIN)/pip install -q --no-compile $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH_PIN)"
 	$(BIN)/pip uninstall -q -y packer 2>/dev/null || true  # the distribution's name before packer-llm
-	$(BIN)/pip install -q -e ".[dev]" "$(TORCH_PIN)"
+	$(BIN)/pip install -q --no-compile -e ".[dev]" "$(TORCH_PIN)"
 	touch $(STAMP)
 
 $(DEMO_STAMP): pyproject.toml

@@ -74,6 +74,7 @@ def build(env: Path) -> Path:
                 "install",
                 "-q",
                 "--no-deps",
+                "--no-compile",  # compiled on first import instead (make test keeps bytecode)
                 "--ignore-requires-python",
                 *PACKAGES,
             ],

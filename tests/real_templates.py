@@ -36,6 +36,7 @@ How each vocabulary is obtained, and why (the conversion gaps are transformers' 
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import json
 import os
@@ -420,17 +421,23 @@ def digest(*parts) -> str:
 
 def saved(name: str, make) -> Path:
     """CACHE/NAME, written by `make().save_pretrained` where absent, under a temporary name
-    renamed into place (parallel test processes never read half of one)."""
+    renamed into place (parallel test processes never read half of one). A lock per name makes
+    a second test process wait for the first one's copy instead of converting the same
+    vocabulary again (gemma-4's takes half a minute)."""
     target = CACHE / name
     if (target / "tokenizer.json").is_file():
         return target
     CACHE.mkdir(parents=True, exist_ok=True)
-    scratch = CACHE / f".{name}.{uuid.uuid4().hex}"
-    make().save_pretrained(str(scratch))
-    try:
-        os.rename(scratch, target)
-    except OSError:  # another process got there first: its copy is the same
-        shutil.rmtree(scratch, ignore_errors=True)
+    with open(CACHE / f".{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / "tokenizer.json").is_file():
+            return target
+        scratch = CACHE / f".{name}.{uuid.uuid4().hex}"
+        make().save_pretrained(str(scratch))
+        try:
+            os.rename(scratch, target)
+        except OSError:  # another process got there first: its copy is the same
+            shutil.rmtree(scratch, ignore_errors=True)
     return target
 
 
