@@ -7,7 +7,7 @@ import os
 from tokenizers_util import build_tokenizer
 
 from packer.tokenize.encode import Encoder
-from packer.tokenize.loading import chat_backend, load_tokenizer
+from packer.tokenize.loading import load_tokenizer
 from packer.tokenize.records import to_record
 
 
@@ -15,8 +15,6 @@ def test_the_same_directory_gives_the_same_tokenizer_until_a_file_changes(tmp_pa
     directory = build_tokenizer(tmp_path / "tok", None)
     first = load_tokenizer(str(directory))
     assert load_tokenizer(str(directory)) is first
-    assert chat_backend(first) is chat_backend(first)
-    assert chat_backend(first).post_processor is None
     assert (
         first.backend_tokenizer.to_str()
         == load_tokenizer(str(directory)).backend_tokenizer.to_str()

@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import tempfile
-import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,23 +48,6 @@ def load_tokenizer(source: str):
         while len(_LOADED) > _KEEP:
             _LOADED.pop(next(iter(_LOADED)))
     return tokenizer
-
-
-_CHAT_BACKENDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def chat_backend(tokenizer):
-    """The tokenizer's backend without its post-processor, which chat renders are tokenized
-    with (its offsets can skip the spaces a byte-level token starts with; the ids are the same,
-    no special tokens being added): a copy, made once per loaded tokenizer (0.2-0.8 s)."""
-    backend = _CHAT_BACKENDS.get(tokenizer)
-    if backend is None:
-        backend = tokenizer.backend_tokenizer.__class__.from_str(
-            tokenizer.backend_tokenizer.to_str()
-        )
-        backend.post_processor = None
-        _CHAT_BACKENDS[tokenizer] = backend
-    return backend
 
 
 def _stamp(directory: Path) -> tuple:
