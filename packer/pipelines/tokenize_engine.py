@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from packer.engines import open_engine
+from packer.tokenize.forking import ONE_THREAD
 from packer.tokenize.resume import save_batch
 from packer.tokenize.run import WORKER_BYTES
 from packer.tokenize.worker import BatchDone, setup, tokenize_batch
@@ -31,8 +32,8 @@ def tokenize_task(
     lost while tasks run keeps every batch finished by then."""
     key = (spec["fingerprint"], columns, on_error)
     if _ready.get("key") != key:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per task
-        os.environ.setdefault("RAYON_NUM_THREADS", "1")  # fastokens' pool too
+        for name, value in ONE_THREAD.items():  # one core per task, as a local worker's
+            os.environ.setdefault(name, value)
         setup(spec, columns, on_error)
         _ready["key"] = key
     done = tokenize_batch(batch, directory)
