@@ -31,9 +31,13 @@ def samples(encoder, records) -> list[tuple[list, list]]:
     return [(ids.tolist(), labels.tolist()) for ids, labels in encoder.encode_batch(records)]
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PACKER_CACHE_DIR", str(tmp_path / "cache"))
+@pytest.fixture(autouse=True, scope="module")
+def cache_dir(tmp_path_factory):
+    """One cache for the module, as for a user's runs: a family on a vocabulary an earlier
+    family probed reads the proof's verdict, and its own renders are still compared."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PACKER_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 @pytest.mark.parametrize("name", grouped(NAMES))

@@ -348,3 +348,26 @@ def test_same_ids_on_llama3_and_the_bench_runs(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| bench (" in done.stdout and "| anthropic (65,000) |" in done.stdout
+
+
+def test_fastokens_is_built_once_per_tokenizer_per_process(tiny, monkeypatch):
+    """A second run on the same tokenizer in one process reuses the built encoder; another
+    tokenizer is built anew, and an edited one too (the key is the backend's whole JSON)."""
+    import fastokens
+
+    builds = []
+    real = fastokens.Tokenizer.from_json_str
+    monkeypatch.setattr(
+        fastokens.Tokenizer, "from_json_str", lambda text: builds.append(1) or real(text)
+    )
+    engines._built.cache_clear()
+    first = resolve_engine("fastokens", tiny, cache=False).engine
+    second = resolve_engine("fastokens", tiny, cache=False).engine
+    assert len(builds) == 1 and first.native is second.native
+    assert first.encode_batch(["ab a"], add_special_tokens=False) == HFEngine(
+        tiny
+    ).encode_batch(["ab a"], add_special_tokens=False)
+    edited = with_bos(tiny)
+    resolve_engine("fastokens", edited, cache=False)
+    assert len(builds) == 2
+    engines._built.cache_clear()

@@ -313,8 +313,9 @@ def test_memory_budget_caps_the_workers_and_leaves_the_bytes(tokenizer, tmp_path
 
     raw = write_jsonl(tmp_path / "raw.jsonl", records(50, seed=6))
     encoder = Encoder(str(tokenizer))
-    small = tokenize(raw, tmp_path / "small", encoder, workers=2, memory_budget="600MiB")
-    large = tokenize(raw, tmp_path / "large", encoder, workers=2, memory_budget="2GiB")
+    two = {"workers": 2, "batch_rows": 25}  # two batches: room for two workers
+    small = tokenize(raw, tmp_path / "small", encoder, memory_budget="600MiB", **two)
+    large = tokenize(raw, tmp_path / "large", encoder, memory_budget="2GiB", **two)
     assert (small.workers, large.workers) == (1, 2)
     assert digests(tmp_path / "small", "part-*") == digests(tmp_path / "large", "part-*")
     with pytest.raises(UsageError, match="memory_budget"):
@@ -369,3 +370,27 @@ def test_pack_on_error_skip_leaves_bad_raw_records_out_and_says_where(
     assert manifest["tokenized_from"]["stats"]["rejected"] == 1
     rejects = Path(manifest["tokenized_from"]["cache"]) / "rejects.txt"
     assert rejects.read_text().startswith(f"{raw}:5: ")
+
+
+def test_no_more_workers_than_batches(tokenizer, tmp_path, monkeypatch):
+    """An input of one batch is tokenized in the driver: no worker process is started (the
+    second or so a start costs is most of a small run); two batches get two workers."""
+    from packer.tokenize import run
+    from packer.tokenize.encode import Encoder
+
+    started = []
+    real = run.WorkerPool
+
+    def counting(context, n, *args):
+        started.append(n)
+        return real(context, n, *args)
+
+    monkeypatch.setattr(run, "WorkerPool", counting)
+    raw = write_jsonl(tmp_path / "raw.jsonl", records(40, seed=7))
+    encoder = Encoder(str(tokenizer))
+    one = run.tokenize(raw, tmp_path / "one", encoder, workers=2)
+    assert (one.workers, started) == (1, [])
+    many = run.tokenize(raw, tmp_path / "many", encoder, workers=4, batch_rows=20)
+    assert (many.workers, started) == (2, [2])
+    assert digests(tmp_path / "one", "part-*") != {}
+    assert (one.lines, one.samples) == (many.lines, many.samples) == (40, 40)

@@ -18,6 +18,7 @@ HF's ids on it (`packer.tokenize.proof`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import chain
 
 import numpy as np
@@ -30,6 +31,7 @@ ENGINES = ("auto", "hf", "fastokens")
 # hf takes to encode some 36 bytes of text an entry (150,000-560,000 tokens a second, about 4
 # bytes a token), so that below it hf finishes first (docs/engines.md)
 AUTO_BYTES_PER_ENTRY = 32
+BUILT_KEPT = 2  # fastokens encoders kept built per process (the last tokenizers used)
 
 
 def worth_building(backend, input_bytes: int | None) -> bool:
@@ -107,11 +109,11 @@ class FastokensEngine:
     @classmethod
     def from_json(cls, text: str) -> FastokensEngine:
         try:
-            import fastokens
+            import fastokens  # noqa: F401
         except ImportError:
             raise refused("fastokens is not installed (pip install fastokens==0.3.5)") from None
         try:
-            native = fastokens.Tokenizer.from_json_str(text)
+            native = _built(text)
         except Exception as e:  # ValueError: "unsupported normalizer type: NFKC", ...
             lines = str(e).strip().splitlines()
             why = lines[0] if lines else type(e).__name__
@@ -127,6 +129,17 @@ class FastokensEngine:
         ids, offsets = self.native.encode_batch_flat(texts, add_special_tokens=add_special_tokens)
         values = np.frombuffer(ids, np.uint32).astype(np.int32)
         return values, np.frombuffer(offsets, np.uint64).astype(np.int64)
+
+
+@lru_cache(maxsize=BUILT_KEPT)
+def _built(text: str):
+    """fastokens' encoder for a backend's JSON, built once per process: a build costs about
+    30 us a vocabulary entry, and a process that tokenizes again with the same tokenizer (a
+    notebook's second `pack_dataset`, a pack after a tokenize) reuses it. Only encoders are
+    kept: a JSON it cannot load raises each time (the proof's cache keeps that verdict)."""
+    import fastokens
+
+    return fastokens.Tokenizer.from_json_str(text)
 
 
 def flatten(ids: list[list[int]]):

@@ -2,7 +2,7 @@
 
 The driver reads the raw files as batches (`packer.tokenize.files`) and hands them to a pool of
 worker processes, each with its own encoder, each writing its batch's shard
-(`packer.tokenize.worker`). The shards are named by input file and batch, never by worker,
+(`packer.tokenize.worker`); an input of one batch is tokenized in the driver itself. The shards are named by input file and batch, never by worker,
 and batches are cut by rows and bytes only: the output is the same bytes for any `workers`.
 At most a few batches per worker are in flight, so memory does not grow with the input. The
 output is built in a hidden temporary directory and renamed into place when complete
@@ -13,6 +13,7 @@ does a worker that dies (killed, out of memory): one line names the batch it hel
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -251,7 +252,7 @@ def tokenize_batches(
     input_bytes: int | None = None,
 ) -> TokenizeResult:
     """Tokenize `RawBatch`es into their shards in `directory` with `n` worker processes (in
-    this process when 1), or through `runner` (an engine's tasks): what `tokenize` does with a
+    this process when 1, or when there is one batch to run), or through `runner` (an engine's tasks): what `tokenize` does with a
     file's batches, also for rows that come from elsewhere (`pack_dataset`'s 🤗 datasets).
 
     records: each finished batch leaves a completion record, and a batch whose record and shard
@@ -291,6 +292,9 @@ def tokenize_batches(
             )
 
     items = _with_kept(batches, tmp) if records else ((b, None) for b in batches)
+    if runner is None and n > 1:
+        items, n = _fewer_workers(items, n)
+        result.workers = n
     if runner is not None:
         result.engine = getattr(runner, "name", "engine")
         for chunk in _chunked(items, RUNNER_CHUNK):
@@ -319,6 +323,17 @@ def tokenize_batches(
     finally:
         pool.terminate()  # stops the workers at once on an error or an interrupt
     return result
+
+
+def _fewer_workers(items: Iterator[tuple], n: int) -> tuple[Iterator[tuple], int]:
+    """No more workers than batches to run: an input of one batch (most small files) is
+    tokenized in this process, without the second or so that starting workers costs. Peeks at
+    up to `n` batches, no more than the `IN_FLIGHT * n` the pool holds anyway."""
+    items = iter(items)
+    head = list(itertools.islice(items, n))
+    if len(head) < n:
+        n = max(1, sum(kept is None for _, kept in head))
+    return itertools.chain(head, items), n
 
 
 def _say(line: str | None) -> None:
