@@ -1,5 +1,5 @@
 """`python -m packer`: the same as the `packer` command."""
 
-from packer.cli import run
+from packer.cli import command_line
 
-run()
+command_line()

@@ -93,7 +93,9 @@ def main() -> None:
             env=pack_env("traced"),
         )
         imports = import_seconds(traced.stderr)
-    print(f"packer pack RAW --tokenizer on {args.lines:,} lines, cold cache, medians of {args.runs}")
+    print(
+        f"packer pack RAW --tokenizer on {args.lines:,} lines, cold cache, medians of {args.runs}"
+    )
     print(f"{'run':<22}{'wall s':>8}   all runs")
     for name, values in rows.items():
         shown = ", ".join(f"{v:.2f}" for v in values)

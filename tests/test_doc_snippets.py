@@ -92,7 +92,7 @@ def test_distribution_is_packer_llm():
     """`packer` on PyPI is an unrelated project; pip must never be pointed at it."""
     project = pyproject()
     assert project["name"] == "packer-llm"
-    assert project["scripts"] == {"packer": "packer.cli:run"}  # the command keeps its name
+    assert project["scripts"] == {"packer": "packer.cli:command_line"}  # the command keeps its name
     # an extra is what `pip install 'packer-llm[x]'` resolves: flash-attn has no wheel on PyPI
     # and builds only with --no-build-isolation on a CUDA machine, so no extra may pull it in
     extras = project["optional-dependencies"]

@@ -151,6 +151,29 @@ def test_a_difference_on_the_first_batch_falls_back_or_fails(tok, monkeypatch):
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize("planted_in", ["texts", "prompts"])
+def test_a_first_batch_difference_in_what_gets_special_tokens_falls_back(
+    tok, monkeypatch, planted_in
+):
+    """A batch's plain texts and prompts are compared as they are tokenized, special tokens
+    added: a difference planted only there (only with `add_special_tokens=True`) is found."""
+    records = [to_record(r) for r in rows(40)]
+    want = encoded(Encoder(tok, tokenizer_engine="hf"), records)
+    auto = Encoder(tok)
+    auto.resolve_engine()  # as the driver does before its workers start
+    real = FastokensEngine.encode_batch
+    word = "oil" if planted_in == "texts" else "what is"
+
+    def planted(self, texts, *, add_special_tokens):
+        ids = real(self, texts, add_special_tokens=add_special_tokens)
+        hit = add_special_tokens and planted_in
+        return [i[:-1] + [0] if hit and word in t else i for t, i in zip(texts, ids)]
+
+    monkeypatch.setattr(FastokensEngine, "encode_batch", planted)
+    assert encoded(auto, records) == want and auto.engine_name == "hf"
+    assert "add_special_tokens=True" in auto.take_note()
+
+
 def test_the_spec_carries_the_resolved_engine(tok, nfkc):
     fast = Encoder(tok)
     assert fast.spec["tokenizer_engine"] == "auto"  # resolved in each worker, on its texts

@@ -364,9 +364,9 @@ def test_fastokens_is_built_once_per_tokenizer_per_process(tiny, monkeypatch):
     first = resolve_engine("fastokens", tiny, cache=False).engine
     second = resolve_engine("fastokens", tiny, cache=False).engine
     assert len(builds) == 1 and first.native is second.native
-    assert first.encode_batch(["ab a"], add_special_tokens=False) == HFEngine(
-        tiny
-    ).encode_batch(["ab a"], add_special_tokens=False)
+    assert first.encode_batch(["ab a"], add_special_tokens=False) == HFEngine(tiny).encode_batch(
+        ["ab a"], add_special_tokens=False
+    )
     edited = with_bos(tiny)
     resolve_engine("fastokens", edited, cache=False)
     assert len(builds) == 2

@@ -4,7 +4,7 @@ Each command module registers itself on `app` when imported; `finish_commands` t
 their metavars and examples. Only this package imports typer and rich.
 """
 
-from packer.cli.app import app, finish_commands, run
+from packer.cli.app import app, command_line, finish_commands, run
 
 # the commands register on import, in the order `packer --help` lists them
 from packer.cli import pack  # noqa: F401  isort: skip
@@ -13,4 +13,4 @@ from packer.cli import inspect, plan, verify, export, warmup  # noqa: F401  isor
 
 finish_commands()
 
-__all__ = ["app", "run"]
+__all__ = ["app", "command_line", "run"]

@@ -1,5 +1,5 @@
 """`python -m packer.cli`: the same command as `packer`."""
 
-from packer.cli import run
+from packer.cli import command_line
 
-run()
+command_line()

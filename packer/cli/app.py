@@ -313,7 +313,7 @@ def run() -> None:
     from typer import TyperException
 
     from packer.interrupts import (
-        exit_after_signal,
+        exit_process,
         exiting,
         ignore_interrupts,
         interrupt_once_until_exit,
@@ -357,9 +357,28 @@ def run() -> None:
     if not code:
         late_note()
     if signalled():
-        exit_after_signal(code or 0)  # not the interpreter's exit: it could end by SIGINT (-2)
+        exit_process(code or 0)  # not the interpreter's exit: it could end by SIGINT (-2)
     # The command is done: the interpreter's last garbage collection would walk every object
     # that numba, pyarrow (and torch) made, 0.2 s of every `pack`, to free memory the exit
     # frees anyway. Frozen objects are left out of it; the atexit handlers still run.
     gc.freeze()
     sys.exit(code or 0)
+
+
+def command_line() -> None:
+    """The `packer` console script and `python -m packer`: `run`, then the process ends past
+    the interpreter's finalization (`exit_process`: the atexit handlers run, the streams are
+    flushed). A program that calls `run` itself keeps its interpreter: it gets `SystemExit`."""
+    from packer.interrupts import exit_process
+
+    try:
+        run()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"), as Python prints it
+        sys.stderr.write(f"{code}\n")
+        code = 1
+    exit_process(code)

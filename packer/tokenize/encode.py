@@ -26,9 +26,8 @@ engine (`engines.py`: `hf`, the reference, or `fastokens` where it is proven to 
 ids), resolved at the first batch, whose renders are part of the proof; the turns' character
 spans become token indexes by the prefix property (`boundaries.py`), the same code for both
 engines, which give ids only. The engine never changes the ids or the labels, so it is not
-part of the fingerprint. The tokenizer's own padding and truncation (a `tokenizer.json` may
-turn them on) are off: a sample holds every token of its text. One `Encoder` per worker
-process (`Encoder.from_spec`), since one tokenizer shared by threads stops scaling.
+part of the fingerprint. The tokenizer's own padding and truncation are off: a sample holds
+every token of its text. One `Encoder` per worker process (`Encoder.from_spec`).
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from packer.tokenize.boundaries import token_boundaries_batch, token_crosses
 from packer.tokenize.chat import ChatMasks
 from packer.tokenize.checks import check_control, check_weights, control_pattern, special_tokens
 from packer.tokenize.engines import ENGINES, HFEngine, Resolved, fallback_line, not_proven
+from packer.tokenize.engines import resolve_engine as resolve
 from packer.tokenize.loading import (
     TokenizerError,
     load_tokenizer,
@@ -59,7 +59,7 @@ from packer.tokenize.template import ChatTemplate, TemplateError
 IGNORE = -100
 TRAIN_ON = ("assistant", "last", "all")
 TURNS = ("all", "one-per-sample")
-PROOF_TEXTS = 256  # texts of the first batch compared between the engines (in each worker)
+PROOF_TEXTS = 256  # renders and plain texts of a first batch compared (in each worker)
 ENCODING_VERSION = 3  # bump when the same inputs and options would give other ids or labels
 
 
@@ -236,31 +236,31 @@ class Encoder:
 
     # ------------------------------------------------------------------ engine
 
-    def resolve_engine(self, texts: list[str] = (), input_bytes: int | None = None) -> Resolved:
-        """The engine, resolved once (`engines.resolve_engine`); `texts` (a batch's renders
-        and texts) are compared between the engines the first time any are given, also where
-        the engine was resolved before without them (in the driver, before its workers
-        start). A difference there falls back to `hf` under `auto` (`note` says so) and
-        fails under `fastokens`. input_bytes: the input's size (`engines.worth_building`)."""
-        from packer.tokenize.engines import resolve_engine
-
-        texts = list(texts)[:PROOF_TEXTS]
+    def resolve_engine(
+        self, texts: list[str] = (), input_bytes: int | None = None, *, plain: list[str] = ()
+    ) -> Resolved:
+        """The engine, resolved once (`engines.resolve_engine`); a batch's chat renders
+        (`texts`) and plain texts are compared between the engines the first time any are
+        given, also after the driver resolved it without them: then each as it is tokenized
+        (special tokens added to plain texts only). A difference falls back to `hf` under
+        `auto` (`note` says so), fails under `fastokens`. input_bytes: `worth_building`'s."""
+        texts, plain = list(texts)[:PROOF_TEXTS], list(plain)[:PROOF_TEXTS]
         if self.resolved is None:
-            self.resolved = resolve_engine(
-                self.tokenizer_engine,
-                self.tokenizer.backend_tokenizer,
-                tokenizer_sha256=self.tokenizer_sha256,
-                extra_texts=texts,
-                input_bytes=input_bytes,
-            )
-            self.proven_on_texts = bool(texts)
+            backend, digest = self.tokenizer.backend_tokenizer, self.tokenizer_sha256
+            self.resolved = resolve(
+                self.tokenizer_engine, backend, tokenizer_sha256=digest,
+                extra_texts=texts + plain, input_bytes=input_bytes,
+            )  # fmt: skip
+            self.proven_on_texts = bool(texts or plain)
             self.note = fallback_line(self.resolved)
-        elif texts and not self.proven_on_texts:
+        elif (texts or plain) and not self.proven_on_texts:
             self.proven_on_texts = True
             if self.resolved.name != "hf":
                 from packer.tokenize.proof import first_difference
 
-                difference = first_difference(self.reference, self.resolved.engine, texts, "text")
+                ref, engine = self.reference, self.resolved.engine
+                difference = first_difference(ref, engine, texts, "text", specials=(False,))
+                difference = difference or first_difference(ref, engine, plain, "text", (True,))
                 if difference is not None:
                     if self.tokenizer_engine == "fastokens":
                         raise not_proven(difference)
@@ -310,7 +310,7 @@ class Encoder:
                     texts.append(text)
                     chats.append(trained)
         if self.resolved is None or not self.proven_on_texts:
-            self.resolve_engine(texts[:PROOF_TEXTS] + plain[:PROOF_TEXTS])
+            self.resolve_engine(texts, plain=plain)
         engine = self.resolved.engine
         plain_ids = iter(engine.encode_batch(plain, add_special_tokens=True) if plain else [])
         chat_ids = engine.encode_batch(texts, add_special_tokens=False) if texts else []

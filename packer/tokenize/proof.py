@@ -105,11 +105,17 @@ def prove_equal(
     return proof
 
 
-def first_difference(reference, engine, texts: list[str], noun: str) -> str | None:
+def first_difference(
+    reference, engine, texts: list[str], noun: str, specials: tuple = (False, True)
+) -> str | None:
     """Why `engine` is not `reference` on `texts` (`ENGINE gives other ids than tokenizers on
     NOUN N (repr, add_special_tokens=B): token K is X in tokenizers, Y in ENGINE`), or None.
-    A text the reference cannot encode (a lone surrogate) is left out: the run reports it."""
-    for special in (False, True):
+    specials: the `add_special_tokens` values compared (a run's own texts: the one each is
+    tokenized with). A text the reference cannot encode (a lone surrogate) is left out: the
+    run reports it."""
+    if not texts:
+        return None
+    for special in specials:
         numbered, expected = encodable(reference, texts, special)
         try:
             got = engine.encode_batch([t for _, t in numbered], add_special_tokens=special)
