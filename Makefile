@@ -113,6 +113,7 @@ bench: setup
 	$(BIN)/python scripts/bench_memory.py --sizes 250000 1000000
 	$(BIN)/python scripts/bench_memory.py --format jsonl --sizes 50000 200000
 	$(BIN)/python scripts/bench_startup.py --runs 5
+	$(BIN)/python scripts/bench_raw_startup.py --runs 5
 	$(BIN)/python scripts/bench_api.py --runs 3
 	$(BIN)/python scripts/bench_balance.py
 	$(BIN)/python scripts/bench_cp.py --repeats 5
