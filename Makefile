@@ -79,7 +79,7 @@ test: setup
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -q
 
 # `make check`, before each commit: the tests a change most likely breaks, aimed at under 3
-# minutes on 2 cores (1,023 tests, 57 s on 2 idle cores). Packing (files, columns, repack, blocks, out of core, mixtures, CP, accounting),
+# minutes on 2 cores (1,023 tests, 51 s on 2 idle cores). Packing (files, columns, repack, blocks, out of core, mixtures, CP, accounting),
 # planning, reading, the output contract, verify's structure checks and kernels, tokenize's
 # encoder and hub loading, the CLI's edges, errors and messages, the import layers, --help
 # against docs/cli.md, and the CLI on the core install (.venv-core). The Ray, resume, signal,
