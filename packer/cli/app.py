@@ -6,7 +6,6 @@ user can act on (`PackerError`) become one line on stderr and a non-zero exit co
 
 from __future__ import annotations
 
-import gc
 import importlib
 import sys
 from contextlib import contextmanager, suppress
@@ -358,17 +357,15 @@ def run() -> None:
         late_note()
     if signalled():
         exit_process(code or 0)  # not the interpreter's exit: it could end by SIGINT (-2)
-    # The command is done: the interpreter's last garbage collection would walk every object
-    # that numba, pyarrow (and torch) made, 0.2 s of every `pack`, to free memory the exit
-    # frees anyway. Frozen objects are left out of it; the atexit handlers still run.
-    gc.freeze()
     sys.exit(code or 0)
 
 
 def command_line() -> None:
     """The `packer` console script and `python -m packer`: `run`, then the process ends past
     the interpreter's finalization (`exit_process`: the atexit handlers run, the streams are
-    flushed). A program that calls `run` itself keeps its interpreter: it gets `SystemExit`."""
+    flushed), whose last garbage collection and module teardown would walk every object
+    numba, pyarrow and transformers made to free memory the exit frees anyway. A program that
+    calls `run` itself keeps its interpreter: it gets `SystemExit`."""
     from packer.interrupts import exit_process
 
     try:

@@ -206,7 +206,7 @@ def tokenize_table(
         )
     table = table.select(present)
     batches = _batches(table, first_row)  # cut as the workers take them
-    n = max(1, min(workers, -(-table.num_rows // BATCH_ROWS)))
+    n = max(1, workers)  # no more workers than batches: `tokenize_batches` sees to it
     directory = Path(tempfile.mkdtemp(prefix="packer-raw-shards-"))
     try:
         result = tokenize_batches(

@@ -2,8 +2,9 @@
 
 The driver reads the raw files as batches (`packer.tokenize.files`) and hands them to a pool of
 worker processes, each with its own encoder, each writing its batch's shard
-(`packer.tokenize.worker`); an input of one batch is tokenized in the driver itself. The shards are named by input file and batch, never by worker,
-and batches are cut by rows and bytes only: the output is the same bytes for any `workers`.
+(`packer.tokenize.worker`); an input of one batch is tokenized in the driver itself. The
+shards are named by input file and batch, never by worker, and batches are cut by rows and
+bytes only: the output is the same bytes for any `workers`.
 At most a few batches per worker are in flight, so memory does not grow with the input. The
 output is built in a hidden temporary directory and renamed into place when complete
 (`packer.tokenize.output`); Ctrl-C or SIGTERM stops the workers and leaves nothing, and so
@@ -251,9 +252,10 @@ def tokenize_batches(
     runner: Runner | None = None,
     input_bytes: int | None = None,
 ) -> TokenizeResult:
-    """Tokenize `RawBatch`es into their shards in `directory` with `n` worker processes (in
-    this process when 1, or when there is one batch to run), or through `runner` (an engine's tasks): what `tokenize` does with a
-    file's batches, also for rows that come from elsewhere (`pack_dataset`'s 🤗 datasets).
+    """Tokenize `RawBatch`es into their shards in `directory` with `n` worker processes, at
+    most one per batch to run (in this process where that is one), or through `runner` (an
+    engine's tasks): what `tokenize` does with a file's batches, also for rows that come from
+    elsewhere (`pack_dataset`'s 🤗 datasets).
 
     records: each finished batch leaves a completion record, and a batch whose record and shard
     are sound already (an adopted killed run's, `packer.tokenize.resume`) is kept, not run.
